@@ -1,0 +1,75 @@
+"""One-line error reporting: bad input gets one line naming the problem and the fix.
+
+Hydra and OmegaConf raise multi-line messages with a stack trace; the entry point turns
+any of them, and the runner's own `RunnerError`, into a single line on stderr.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Iterable
+
+from hydra.errors import MissingConfigException, OverrideParseException
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+
+
+class RunnerError(Exception):
+    """An error whose message is already one line naming the problem and the fix."""
+
+
+class ConfigError(RunnerError):
+    """The composed config is invalid (caught before Ray starts)."""
+
+
+class PreflightError(RunnerError):
+    """The plan asks for resources that are not there (caught before any actor starts)."""
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """' (did you mean x?)' for the closest choices, or '' when none is close."""
+    close = difflib.get_close_matches(word, list(choices), n=3, cutoff=0.6)
+    return f" (did you mean {' or '.join(close)}?)" if close else ""
+
+
+def _squash(text: str) -> str:
+    return " ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
+def _options_of(ex: MissingConfigException) -> list[str]:
+    return [o for o in (ex.options or []) if not o.startswith("_")]
+
+
+def _schema_keys(ex: OmegaConfBaseException) -> list[str]:
+    node = getattr(ex, "parent_node", None)
+    return [str(k) for k in node.keys()] if node is not None else []
+
+
+def one_line(ex: BaseException) -> str:
+    """The shortest faithful one-line message for an exception raised while composing or running."""
+    if isinstance(ex, RunnerError):
+        return str(ex)
+    if isinstance(ex, MissingConfigException):
+        group = (ex.missing_cfg_file or "").rsplit("/", 1)
+        if len(group) == 2 and ex.options:
+            options = _options_of(ex)
+            return (
+                f"unknown option '{group[1]}' for config group '{group[0]}'"
+                f"{did_you_mean(group[1], options)}; choose one of: {', '.join(options)}"
+            )
+        return _squash(str(ex))
+    if isinstance(ex, OverrideParseException):
+        first = str(ex).splitlines()[0]
+        return f"malformed override: {first}; write overrides as key=value (see --help)"
+    cause = ex.__cause__ if isinstance(ex.__cause__, OmegaConfBaseException) else ex
+    if isinstance(cause, ConfigKeyError):
+        key = getattr(cause, "full_key", None) or ""
+        bad = key.rsplit(".", 1)[-1]
+        hint = did_you_mean(bad, _schema_keys(cause))
+        return f"unknown config key '{key}'{hint}; see `python -m runner --cfg job` for valid keys"
+    if isinstance(cause, OmegaConfBaseException):
+        msg = str(cause).splitlines()[0]
+        key = getattr(cause, "full_key", None)
+        return f"invalid value for '{key}': {msg}" if key else _squash(str(cause))
+    text = _squash(str(ex)) or type(ex).__name__
+    return re.sub(r"\s*Set the environment variable HYDRA_FULL_ERROR.*$", "", text)

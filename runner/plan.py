@@ -1,0 +1,98 @@
+"""The resource plan: CPUs and GPUs for the main process, each EnvRunner and each Learner.
+
+Computed from RLlib's own placement request (`Algorithm.default_resource_request`), so
+the plan is what RLlib will ask Ray for, labelled by role. Pure: starts nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+
+
+@dataclass(frozen=True)
+class Group:
+    """`count` identical bundles of one role."""
+
+    role: str
+    count: int
+    cpus_each: float
+    gpus_each: float
+    note: str = ""
+
+
+@dataclass
+class Plan:
+    groups: list[Group]
+    strategy: str
+
+    def _sum(self, key: str, actors_only: bool) -> float:
+        return sum(
+            g.count * getattr(g, key)
+            for g in self.groups
+            if not (actors_only and g.role == "main")
+        )
+
+    @property
+    def total_cpus(self) -> float:
+        return self._sum("cpus_each", actors_only=False)
+
+    @property
+    def total_gpus(self) -> float:
+        return self._sum("gpus_each", actors_only=False)
+
+    @property
+    def actor_cpus(self) -> float:
+        """What Ray itself must schedule: the main process is the driver, not an actor."""
+        return self._sum("cpus_each", actors_only=True)
+
+    @property
+    def actor_gpus(self) -> float:
+        return self._sum("gpus_each", actors_only=True)
+
+    def count(self, role: str) -> int:
+        return sum(g.count for g in self.groups if g.role == role)
+
+    def to_dict(self) -> dict:
+        return {
+            "groups": [asdict(g) for g in self.groups],
+            "strategy": self.strategy,
+            "total": {"cpus": self.total_cpus, "gpus": self.total_gpus},
+            "actors": {"cpus": self.actor_cpus, "gpus": self.actor_gpus},
+        }
+
+
+def _main_note(config: AlgorithmConfig) -> str:
+    hosts = ["the driver"]
+    if config.num_env_runners == 0:
+        hosts.append(f"the local EnvRunner ({config.num_envs_per_env_runner} envs)")
+    if config.num_learners == 0:
+        hosts.append("the local Learner")
+    return ", ".join(hosts)
+
+
+def make_plan(config: AlgorithmConfig) -> Plan:
+    """Label RLlib's bundles: [main, EnvRunners..., evaluation..., Learners or aggregators...]."""
+    request = config.algo_class.default_resource_request(config)
+    bundles = [(b.get("CPU", 0.0), b.get("GPU", 0.0)) for b in request.bundles]
+    n_env = config.num_env_runners
+    if config.num_learners > 0:
+        n_learn, learn_role = config.num_learners, "learner"
+    else:
+        n_learn, learn_role = config.num_aggregator_actors_per_learner, "aggregator"
+    roles = (
+        ["main"]
+        + ["env_runner"] * n_env
+        + ["evaluation"] * (len(bundles) - 1 - n_env - n_learn)
+        + [learn_role] * n_learn
+    )
+    groups: list[Group] = []
+    for role, (cpus, gpus) in zip(roles, bundles, strict=True):
+        last = groups[-1] if groups else None
+        if last and (last.role, last.cpus_each, last.gpus_each) == (role, cpus, gpus):
+            groups[-1] = Group(role, last.count + 1, cpus, gpus, last.note)
+        else:
+            note = _main_note(config) if role == "main" else ""
+            groups.append(Group(role, 1, float(cpus), float(gpus), note))
+    return Plan(groups=groups, strategy=request.strategy)

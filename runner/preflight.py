@@ -1,0 +1,185 @@
+"""Check the plan against what exists, before any Ray actor starts.
+
+Ray waits forever for a GPU that does not exist, so a shortfall must fail here, in
+seconds, with one line naming the numbers and the fix.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import asdict, dataclass, field
+
+import torch
+from omegaconf import DictConfig
+from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+
+from runner import compile as compile_settings
+from runner.envs import check_env_id
+from runner.errors import ConfigError
+from runner.plan import Plan
+
+FORCE_HINT = "or set preflight.strict=false to try anyway"
+# The scaling guide's learner-placement rule for these algorithms.
+LEARNER_PLACEMENT_ALGOS = ("IMPALA", "APPO")
+
+
+@dataclass
+class Resources:
+    """What the run can use: this machine, or a Ray cluster."""
+
+    where: str
+    cpus: float
+    gpus: float
+    gpu_names: list[str]
+    cpu_model: str = ""
+
+
+@dataclass
+class Report:
+    problems: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict:
+        return {"ok": self.ok, **asdict(self)}
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def local_resources(ray_cfg: DictConfig) -> Resources:
+    """This machine as a local Ray would see it (ray.num_cpus / ray.num_gpus override)."""
+    cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    names = [torch.cuda.get_device_name(i) for i in range(cuda)]
+    return Resources(
+        where="this machine",
+        cpus=float(ray_cfg.num_cpus if ray_cfg.num_cpus is not None else os.cpu_count() or 1),
+        gpus=float(ray_cfg.num_gpus if ray_cfg.num_gpus is not None else cuda),
+        gpu_names=names,
+        cpu_model=_cpu_model(),
+    )
+
+
+def cluster_resources(address: str) -> Resources:
+    """The connected Ray cluster's totals; GPU names from Ray's accelerator_type resources."""
+    import ray
+
+    total = ray.cluster_resources()
+    names = [k.split(":", 1)[1] for k in total if k.startswith("accelerator_type:")]
+    return Resources(
+        where=f"the Ray cluster at {address}",
+        cpus=float(total.get("CPU", 0)),
+        gpus=float(total.get("GPU", 0)),
+        gpu_names=names,
+        cpu_model=_cpu_model(),
+    )
+
+
+def _breakdown(plan: Plan, key: str, unit: str) -> str:
+    parts = [
+        f"{g.count} {g.role} x {getattr(g, key):g}"
+        for g in plan.groups
+        if getattr(g, key) > 0
+    ]
+    return f"{' + '.join(parts)} {unit}" if parts else f"no {unit}"
+
+
+def _hardware_problems(cfg: DictConfig, plan: Plan, res: Resources) -> list[str]:
+    hw = cfg.hardware
+    problems = []
+    if hw.accelerator == "cuda" and res.gpus == 0:
+        problems.append(
+            f"hardware={hw.name} expects an NVIDIA {hw.gpu_name} GPU but {res.where} has no GPU; "
+            f"use hardware=cpu, connect to a GPU cluster with ray.address=..., {FORCE_HINT}"
+        )
+    elif hw.accelerator == "cuda" and hw.gpu_name and res.gpu_names and not any(
+        hw.gpu_name.lower() in name.lower() for name in res.gpu_names
+    ):
+        problems.append(
+            f"hardware={hw.name} expects an {hw.gpu_name} GPU but {res.where} has "
+            f"{', '.join(sorted(set(res.gpu_names)))}; pick the matching hardware profile, "
+            f"{FORCE_HINT}"
+        )
+    if hw.accelerator == "cpu" and plan.total_gpus > 0:
+        problems.append(
+            f"hardware=cpu but the plan asks for {plan.total_gpus:g} GPUs "
+            f"({_breakdown(plan, 'gpus_each', 'GPU')}); set scaling.num_gpus_per_learner=0 "
+            "and scaling.num_gpus_per_env_runner=0, or pick a GPU hardware profile"
+        )
+    return problems
+
+
+def _capacity_problems(plan: Plan, res: Resources) -> tuple[list[str], list[str]]:
+    problems, warnings = [], []
+    if plan.total_gpus > res.gpus:
+        problems.append(
+            f"the plan needs {plan.total_gpus:g} GPUs ({_breakdown(plan, 'gpus_each', 'GPU')}) "
+            f"but {res.where} has {res.gpus:g}; lower scaling.num_learners or "
+            f"scaling.num_gpus_per_learner, or connect to a cluster with ray.address=..., "
+            f"{FORCE_HINT}"
+        )
+    if plan.actor_cpus > res.cpus:
+        problems.append(
+            f"the plan's actors need {plan.actor_cpus:g} CPUs "
+            f"({_breakdown(plan, 'cpus_each', 'CPU')}) but {res.where} has {res.cpus:g}; "
+            "lower scaling.num_env_runners or scaling.num_cpus_per_env_runner, or connect to "
+            f"a cluster with ray.address=..., {FORCE_HINT}"
+        )
+    elif plan.total_cpus > res.cpus:
+        warnings.append(
+            f"the main process and the actors want {plan.total_cpus:g} CPUs and {res.where} "
+            f"has {res.cpus:g}: the main process will share a core with the actors"
+        )
+    return problems, warnings
+
+
+def _learner_placement(config: AlgorithmConfig, res: Resources) -> list[str]:
+    """The scaling guide's IMPALA/APPO rule, as a warning naming the recommended setting."""
+    if config.algo_class.__name__.upper() not in LEARNER_PLACEMENT_ALGOS:
+        return []
+    name = config.algo_class.__name__
+    current = (config.num_learners, config.num_gpus_per_learner)
+    if res.gpus == 1:
+        wanted = (0, 1)
+    elif res.gpus == 0:
+        wanted = (1, 0)
+    else:
+        return []
+    if current == wanted:
+        return []
+    return [
+        f"{name} with {res.gpus:g} GPU(s): the RLlib scaling guide recommends "
+        f"scaling.num_learners={wanted[0]} scaling.num_gpus_per_learner={wanted[1]} "
+        f"(got {current[0]} and {current[1]:g})"
+    ]
+
+
+def check(cfg: DictConfig, config: AlgorithmConfig, plan: Plan, res: Resources) -> Report:
+    """Raise ConfigError on bad input; report resource shortfalls (problems) and warnings."""
+    check_env_id(cfg.env.id, cfg.env.atari)
+    if compile_settings.is_enabled(cfg.compile) and cfg.compile.backend == "ipex":
+        problem = compile_settings.ipex_problem()
+        if problem:
+            raise ConfigError(problem)
+    report = Report(warnings=compile_settings.validate(cfg.compile))
+    report.problems += _hardware_problems(cfg, plan, res)
+    capacity_problems, capacity_warnings = _capacity_problems(plan, res)
+    report.problems += capacity_problems
+    report.warnings += capacity_warnings
+    report.warnings += _learner_placement(config, res)
+    if not cfg.preflight.strict and report.problems:
+        report.warnings += [f"preflight.strict=false, going on: {p}" for p in report.problems]
+        report.problems = []
+    return report

@@ -1,0 +1,160 @@
+"""Structured schemas for every config group, registered with Hydra's ConfigStore.
+
+The YAML under conf/ is the data; these dataclasses are its types. Because the root
+config starts from `RunnerConfig`, every group file is merged into a typed node, so a
+misspelled key or a wrong type fails at composition, before anything runs.
+Sections inside `algo` are named after the AlgorithmConfig builder method they feed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+class Accelerator(str, Enum):
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class LearnerGranularity(str, Enum):
+    """What a Learner compiles: each sub-module's forward_train, or the whole update step."""
+
+    forward_train = "forward_train"
+    complete_update = "complete_update"
+
+
+@dataclass
+class HardwareConfig:
+    """A hardware profile: what the run expects to find, and its GPU defaults."""
+
+    name: str = MISSING
+    accelerator: Accelerator = MISSING
+    # Substring of torch.cuda.get_device_name() the profile expects, e.g. "A100".
+    gpu_name: str | None = None
+    num_gpus_per_learner: float = 0.0
+    num_gpus_per_env_runner: float = 0.0
+    # Compile preset (a conf/compile/ option) the published benchmarks found best here.
+    best_compile: str = MISSING
+    best_compile_source: str = MISSING
+
+
+@dataclass
+class CompileConfig:
+    """torch.compile settings; `backend: null` means compile is off."""
+
+    backend: str | None = None
+    # default, reduce-overhead or max-autotune (a string: OmegaConf enums match names).
+    mode: str | None = None
+    env_runners: bool = False
+    learners: bool = False
+    learner_granularity: LearnerGranularity = LearnerGranularity.forward_train
+    dynamic: bool | None = None
+
+
+@dataclass
+class ScalingConfig:
+    """RLlib's three scaling axes and the resources of each actor.
+
+    Keys feed `AlgorithmConfig.env_runners()` or `.learners()`, whichever takes them.
+    `num_cpus_per_learner: null` keeps RLlib's "auto" (1 CPU per CPU Learner, 0 per GPU one).
+    """
+
+    num_env_runners: int = MISSING
+    num_envs_per_env_runner: int = MISSING
+    # "sync" or "async" (gymnasium.VectorizeMode values, checked by RLlib's own validate).
+    gym_env_vectorize_mode: str = "sync"
+    num_cpus_per_env_runner: float = 1.0
+    num_gpus_per_env_runner: float = MISSING
+    num_learners: int = MISSING
+    num_gpus_per_learner: float = MISSING
+    num_cpus_per_learner: float | None = None
+
+
+@dataclass
+class AlgoConfig:
+    """An RLlib algorithm; each dict is passed as keyword arguments to its builder method."""
+
+    name: str = MISSING  # RLlib's registered name, e.g. PPO
+    training: dict[str, Any] = field(default_factory=dict)
+    env_runners: dict[str, Any] = field(default_factory=dict)
+    learners: dict[str, Any] = field(default_factory=dict)
+    rl_module: dict[str, Any] = field(default_factory=dict)
+    evaluation: dict[str, Any] = field(default_factory=dict)
+    reporting: dict[str, Any] = field(default_factory=dict)
+    framework: dict[str, Any] = field(default_factory=dict)
+    fault_tolerance: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class EnvConfig:
+    """A gymnasium env, optionally wrapped the way RLlib wraps Atari for the new API stack."""
+
+    id: str = MISSING
+    env_config: dict[str, Any] = field(default_factory=dict)
+    atari: bool = False
+    framestack: int | None = None
+    # Extra keyword arguments for AlgorithmConfig.environment(), e.g. clip_rewards.
+    environment: dict[str, Any] = field(default_factory=dict)
+    # Env-specific model settings, merged under algo.rl_module.model_config.
+    model_config: dict[str, Any] = field(default_factory=dict)
+    # Episode return mean that counts as solved; the default stop criterion.
+    solved_return: float | None = None
+
+
+@dataclass
+class StopConfig:
+    """Training stops at whichever criterion is met first; null disables one."""
+
+    iterations: int | None = None
+    env_steps: int | None = None
+    episode_return_mean: float | None = None
+    seconds: float | None = None
+
+
+@dataclass
+class RayConfig:
+    """Where to run: a local Ray sized to this machine, or an existing cluster."""
+
+    address: str | None = None
+    num_cpus: int | None = None
+    num_gpus: int | None = None
+    log_level: str = "ERROR"
+
+
+@dataclass
+class PreflightConfig:
+    """Resource checks before any actor starts; strict=false turns failures into warnings."""
+
+    strict: bool = True
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = 10  # iterations; 0 = only at the end
+    at_end: bool = True
+
+
+@dataclass
+class RunnerConfig:
+    hardware: HardwareConfig = MISSING
+    compile: CompileConfig = MISSING
+    scaling: ScalingConfig = MISSING
+    algo: AlgoConfig = MISSING
+    env: EnvConfig = MISSING
+    stop: StopConfig = field(default_factory=StopConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+    preflight: PreflightConfig = field(default_factory=PreflightConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    seed: int | None = 0
+    dry_run: bool = False
+    resume: str | None = None
+
+
+def register_configs() -> None:
+    """Store the root schema; conf/config.yaml lists it first in its defaults."""
+    ConfigStore.instance().store(name="runner_schema", node=RunnerConfig)
