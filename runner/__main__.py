@@ -16,6 +16,7 @@ from omegaconf import DictConfig  # noqa: E402
 
 from runner import CONFIG_DIR  # noqa: E402
 from runner.errors import RunnerError, one_line  # noqa: E402
+from runner.results import RESULT_FILES  # noqa: E402
 from runner.schema import register_configs  # noqa: E402
 
 
@@ -40,10 +41,23 @@ def _fail(message: str) -> None:
     sys.exit(2)
 
 
+def _refuse_used_run_dir(argv: list[str]) -> None:
+    """Hydra writes .hydra/ before the task runs: refuse a run dir that holds results first."""
+    for arg in argv:
+        if arg.startswith("hydra.run.dir="):
+            run_dir = Path(arg.split("=", 1)[1])
+            if any((run_dir / name).exists() for name in RESULT_FILES):
+                _fail(
+                    f"run dir '{run_dir}' already holds a run's results; choose a new "
+                    f"hydra.run.dir, or continue that run with resume={run_dir}"
+                )
+
+
 def main() -> None:
     """Run the app; Hydra's errors propagate (HYDRA_FULL_ERROR) so they can be one line."""
     register_configs()
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")
+    _refuse_used_run_dir(sys.argv[1:])
     try:
         _app()
     except Exception as ex:

@@ -19,7 +19,7 @@ from runner import preflight
 from runner.compose import build_algorithm_config, default_config_for
 from runner.errors import ConfigError, PreflightError
 from runner.plan import Plan, make_plan
-from runner.results import json_safe, versions, write_json
+from runner.results import RESULT_FILES, json_safe, versions, write_json
 from runner.train import (
     CHECKPOINT_FILE,
     compile_status,
@@ -115,6 +115,8 @@ def run(cfg: DictConfig, start_time: float) -> None:
     """Compose, plan, check, then dry-run or train; every file lands in Hydra's run dir."""
     quiet_ray(cfg.ray.log_level)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    if any((run_dir / name).exists() for name in RESULT_FILES):
+        raise ConfigError(f"run dir '{run_dir}' already holds a run's results; use a new one")
     checkpoint = None
     overrides = list(HydraConfig.get().overrides.task)
     if cfg.resume:

@@ -28,7 +28,8 @@ def available_backends() -> list[str]:
     """Backend names this torch knows, plus the runner's own."""
     import torch._dynamo
 
-    return sorted(set(torch._dynamo.list_backends(exclude_tags=())) | set(RUNNER_BACKENDS))
+    names = set(torch._dynamo.list_backends(exclude_tags=())) | set(RUNNER_BACKENDS)
+    return sorted(n for n in names if "TESTING" not in n and "minifier" not in n)
 
 
 def is_enabled(compile_cfg: DictConfig) -> bool:
@@ -72,7 +73,9 @@ def ipex_problem() -> str | None:
     """
     fix = "install the extra: pip install -e '.[ipex]' (torch 2.8.0 + IPEX 2.8.0)"
     if importlib.util.find_spec("intel_extension_for_pytorch") is None:
-        return f"compile.backend=ipex needs intel-extension-for-pytorch, which is not installed; {fix}"
+        return (
+            f"compile.backend=ipex needs intel-extension-for-pytorch, which is not installed; {fix}"
+        )
     ipex_version = importlib.metadata.version("intel-extension-for-pytorch")
     torch_minor = ".".join(torch.__version__.split("+")[0].split(".")[:2])
     ipex_minor = ".".join(ipex_version.split("+")[0].split(".")[:2])

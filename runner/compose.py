@@ -128,5 +128,6 @@ def build_algorithm_config(cfg: DictConfig) -> AlgorithmConfig:
             kwargs["model_config"] = model_config
         if kwargs:
             call_builder(config, section, f"algo.{section}", kwargs)
-    call_builder(config, "debugging", "seed", {"seed": cfg.seed})
+    # RLlib resets its logger to debugging.log_level when the Algorithm starts.
+    call_builder(config, "debugging", "seed", {"seed": cfg.seed, "log_level": cfg.ray.log_level})
     return config

@@ -11,7 +11,8 @@ import re
 from collections.abc import Iterable
 
 from hydra.errors import MissingConfigException, OverrideParseException
-from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+from omegaconf import OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 
 class RunnerError(Exception):
@@ -40,9 +41,17 @@ def _options_of(ex: MissingConfigException) -> list[str]:
     return [o for o in (ex.options or []) if not o.startswith("_")]
 
 
-def _schema_keys(ex: OmegaConfBaseException) -> list[str]:
-    node = getattr(ex, "parent_node", None)
-    return [str(k) for k in node.keys()] if node is not None else []
+def _unknown_key(ex: OmegaConfBaseException) -> str:
+    """A typo'd key: the closest keys of its section, or how to add a free-form setting."""
+    key = ex.full_key or str(ex.key)
+    bad = key.rsplit(".", 1)[-1]
+    node = ex.parent_node
+    keys = [str(k) for k in node] if node is not None else []
+    hint = did_you_mean(bad, keys)
+    typed = node is not None and OmegaConf.get_type(node) not in (dict, None)
+    if hint or typed:
+        return f"unknown config key '{key}'{hint}; `python -m runner --cfg job` lists the keys"
+    return f"'{key}' is not in the config; to add a setting there, prefix it with '+': +{key}=..."
 
 
 def one_line(ex: BaseException) -> str:
@@ -62,11 +71,8 @@ def one_line(ex: BaseException) -> str:
         first = str(ex).splitlines()[0]
         return f"malformed override: {first}; write overrides as key=value (see --help)"
     cause = ex.__cause__ if isinstance(ex.__cause__, OmegaConfBaseException) else ex
-    if isinstance(cause, ConfigKeyError):
-        key = getattr(cause, "full_key", None) or ""
-        bad = key.rsplit(".", 1)[-1]
-        hint = did_you_mean(bad, _schema_keys(cause))
-        return f"unknown config key '{key}'{hint}; see `python -m runner --cfg job` for valid keys"
+    if isinstance(cause, ConfigKeyError | ConfigAttributeError):
+        return _unknown_key(cause)
     if isinstance(cause, OmegaConfBaseException):
         msg = str(cause).splitlines()[0]
         key = getattr(cause, "full_key", None)

@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass
 
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 
+from runner.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class Group:
@@ -29,9 +31,7 @@ class Plan:
 
     def _sum(self, key: str, actors_only: bool) -> float:
         return sum(
-            g.count * getattr(g, key)
-            for g in self.groups
-            if not (actors_only and g.role == "main")
+            g.count * getattr(g, key) for g in self.groups if not (actors_only and g.role == "main")
         )
 
     @property
@@ -74,7 +74,11 @@ def _main_note(config: AlgorithmConfig) -> str:
 
 def make_plan(config: AlgorithmConfig) -> Plan:
     """Label RLlib's bundles: [main, EnvRunners..., evaluation..., Learners or aggregators...]."""
-    request = config.algo_class.default_resource_request(config)
+    try:  # RLlib validates the whole config here: its errors are bad input.
+        request = config.algo_class.default_resource_request(config)
+    except ValueError as ex:
+        message = " ".join(str(ex).split()).split(" To suppress all validation errors")[0]
+        raise ConfigError(f"RLlib rejected the config: {message}") from ex
     bundles = [(b.get("CPU", 0.0), b.get("GPU", 0.0)) for b in request.bundles]
     n_env = config.num_env_runners
     if config.num_learners > 0:

@@ -87,11 +87,11 @@ def cluster_resources(address: str) -> Resources:
     )
 
 
-def _breakdown(plan: Plan, key: str, unit: str) -> str:
+def _breakdown(plan: Plan, key: str, unit: str, actors_only: bool = False) -> str:
     parts = [
         f"{g.count} {g.role} x {getattr(g, key):g}"
         for g in plan.groups
-        if getattr(g, key) > 0
+        if getattr(g, key) > 0 and not (actors_only and g.role == "main")
     ]
     return f"{' + '.join(parts)} {unit}" if parts else f"no {unit}"
 
@@ -104,8 +104,11 @@ def _hardware_problems(cfg: DictConfig, plan: Plan, res: Resources) -> list[str]
             f"hardware={hw.name} expects an NVIDIA {hw.gpu_name} GPU but {res.where} has no GPU; "
             f"use hardware=cpu, connect to a GPU cluster with ray.address=..., {FORCE_HINT}"
         )
-    elif hw.accelerator == "cuda" and hw.gpu_name and res.gpu_names and not any(
-        hw.gpu_name.lower() in name.lower() for name in res.gpu_names
+    elif (
+        hw.accelerator == "cuda"
+        and hw.gpu_name
+        and res.gpu_names
+        and not any(hw.gpu_name.lower() in name.lower() for name in res.gpu_names)
     ):
         problems.append(
             f"hardware={hw.name} expects an {hw.gpu_name} GPU but {res.where} has "
@@ -114,35 +117,40 @@ def _hardware_problems(cfg: DictConfig, plan: Plan, res: Resources) -> list[str]
         )
     if hw.accelerator == "cpu" and plan.total_gpus > 0:
         problems.append(
-            f"hardware=cpu but the plan asks for {plan.total_gpus:g} GPUs "
+            f"hardware=cpu but the plan asks for {plan.total_gpus:g} GPU(s) "
             f"({_breakdown(plan, 'gpus_each', 'GPU')}); set scaling.num_gpus_per_learner=0 "
             "and scaling.num_gpus_per_env_runner=0, or pick a GPU hardware profile"
         )
     return problems
 
 
-def _capacity_problems(plan: Plan, res: Resources) -> tuple[list[str], list[str]]:
-    problems, warnings = [], []
-    if plan.total_gpus > res.gpus:
-        problems.append(
-            f"the plan needs {plan.total_gpus:g} GPUs ({_breakdown(plan, 'gpus_each', 'GPU')}) "
-            f"but {res.where} has {res.gpus:g}; lower scaling.num_learners or "
-            f"scaling.num_gpus_per_learner, or connect to a cluster with ray.address=..., "
-            f"{FORCE_HINT}"
-        )
+def _gpu_shortfall(plan: Plan, res: Resources) -> list[str]:
+    if plan.total_gpus <= res.gpus:
+        return []
+    return [
+        f"the plan needs {plan.total_gpus:g} GPU(s) ({_breakdown(plan, 'gpus_each', 'GPU')}) "
+        f"but {res.where} has {res.gpus:g}; lower scaling.num_learners or "
+        f"scaling.num_gpus_per_learner, or connect to a cluster with ray.address=..., "
+        f"{FORCE_HINT}"
+    ]
+
+
+def _cpu_shortfall(plan: Plan, res: Resources) -> tuple[list[str], list[str]]:
+    """Actors beyond Ray's CPUs hang, so that fails; the driver sharing a core only warns."""
     if plan.actor_cpus > res.cpus:
-        problems.append(
-            f"the plan's actors need {plan.actor_cpus:g} CPUs "
-            f"({_breakdown(plan, 'cpus_each', 'CPU')}) but {res.where} has {res.cpus:g}; "
+        return [
+            f"the plan's actors need {plan.actor_cpus:g} CPU(s) "
+            f"({_breakdown(plan, 'cpus_each', 'CPU', actors_only=True)}) but {res.where} has "
+            f"{res.cpus:g}; "
             "lower scaling.num_env_runners or scaling.num_cpus_per_env_runner, or connect to "
             f"a cluster with ray.address=..., {FORCE_HINT}"
-        )
-    elif plan.total_cpus > res.cpus:
-        warnings.append(
+        ], []
+    if plan.total_cpus > res.cpus:
+        return [], [
             f"the main process and the actors want {plan.total_cpus:g} CPUs and {res.where} "
             f"has {res.cpus:g}: the main process will share a core with the actors"
-        )
-    return problems, warnings
+        ]
+    return [], []
 
 
 def _learner_placement(config: AlgorithmConfig, res: Resources) -> list[str]:
@@ -174,10 +182,11 @@ def check(cfg: DictConfig, config: AlgorithmConfig, plan: Plan, res: Resources) 
         if problem:
             raise ConfigError(problem)
     report = Report(warnings=compile_settings.validate(cfg.compile))
-    report.problems += _hardware_problems(cfg, plan, res)
-    capacity_problems, capacity_warnings = _capacity_problems(plan, res)
-    report.problems += capacity_problems
-    report.warnings += capacity_warnings
+    # A hardware problem already names missing GPUs: the GPU count is checked only without one.
+    report.problems += _hardware_problems(cfg, plan, res) or _gpu_shortfall(plan, res)
+    cpu_problems, cpu_warnings = _cpu_shortfall(plan, res)
+    report.problems += cpu_problems
+    report.warnings += cpu_warnings
     report.warnings += _learner_placement(config, res)
     if not cfg.preflight.strict and report.problems:
         report.warnings += [f"preflight.strict=false, going on: {p}" for p in report.problems]

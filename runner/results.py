@@ -19,6 +19,9 @@ import ray
 import torch
 from tensorboardX import SummaryWriter
 
+# Files that mark a run dir as holding results: never written into twice.
+RESULT_FILES = ("metrics.jsonl", "summary.json", "checkpoints")
+
 # The headline figures of one iteration, taken from RLlib's result dict.
 HEADLINE = {
     "episode_return_mean": ("env_runners", "episode_return_mean"),
@@ -62,9 +65,12 @@ def flatten_numbers(result: dict, prefix: str = "") -> dict[str, float]:
         name = f"{prefix}{key}"
         if isinstance(value, dict):
             flat.update(flatten_numbers(value, f"{name}/"))
-        elif isinstance(value, numbers.Real) and not isinstance(value, bool):
-            if math.isfinite(float(value)):
-                flat[name] = float(value)
+        elif (
+            isinstance(value, numbers.Real)
+            and not isinstance(value, bool)
+            and math.isfinite(float(value))
+        ):
+            flat[name] = float(value)
     return flat
 
 

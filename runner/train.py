@@ -120,8 +120,11 @@ def train(
         reason = "interrupted (Ctrl-C)"
     finally:
         metrics.close()
-        if rows and cfg.checkpoint.at_end and latest_checkpoint(run_dir) != (
-            run_dir / "checkpoints" / f"iter_{algo.iteration:06d}"
+        if (
+            rows
+            and cfg.checkpoint.at_end
+            and latest_checkpoint(run_dir)
+            != (run_dir / "checkpoints" / f"iter_{algo.iteration:06d}")
         ):
             _save(algo, run_dir)
         algo.stop()

@@ -1,0 +1,72 @@
+"""Shared helpers: Hydra's compose API over conf/, and the CLI run as a real subprocess."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+from runner import CONFIG_DIR
+from runner.schema import register_configs
+
+register_configs()
+
+# Small enough for seconds per iteration on a 2-core machine.
+TINY = [
+    "algo.training.train_batch_size_per_learner=400",
+    "algo.training.minibatch_size=128",
+    "algo.training.num_epochs=1",
+    "scaling.num_envs_per_env_runner=2",
+    "stop.episode_return_mean=null",
+]
+
+
+def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
+    """The config `python -m runner <overrides>` would run, without running it."""
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+@dataclass
+class CliResult:
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+    run_dir: Path
+
+    def json(self, name: str) -> dict:
+        return json.loads((self.run_dir / name).read_text())
+
+    def jsonl(self, name: str) -> list[dict]:
+        return [json.loads(line) for line in (self.run_dir / name).read_text().splitlines()]
+
+
+def run_cli(cwd: Path, *overrides: str, run_dir: str = "run", timeout: float = 600) -> CliResult:
+    """`python -m runner` in `cwd` (so the installed package is used), run dir under cwd."""
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "runner", *overrides, f"hydra.run.dir={run_dir}"],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    return CliResult(
+        proc.returncode, proc.stdout, proc.stderr, time.perf_counter() - start, cwd / run_dir
+    )
+
+
+@pytest.fixture
+def cli(tmp_path: Path):
+    def _run(*overrides: str, **kwargs) -> CliResult:
+        return run_cli(tmp_path, *overrides, **kwargs)
+
+    return _run

@@ -1,0 +1,50 @@
+"""Bad input: one line naming the problem and the fix, a non-zero exit within seconds,
+no traceback, and nothing written outside the run's own new dir."""
+
+from __future__ import annotations
+
+import pytest
+
+CASES = {
+    "misspelled key": (["scaling.num_env_runnrs=1"], "did you mean num_env_runners"),
+    "unknown group option": (["compile=inductr"], "unknown option 'inductr' for config group"),
+    "negative EnvRunner count": (["scaling.num_env_runners=-1"], "num_env_runners must be >= 0"),
+    "fractional EnvRunner count": (
+        ["scaling.num_env_runners=1.5"],
+        "could not be converted to Integer",
+    ),
+    "GPU count on a CPU profile": (
+        ["scaling.num_gpus_per_learner=1"],
+        "hardware=cpu but the plan asks",
+    ),
+    "GPU profile on a CPU machine": (["hardware=a100"], "expects an NVIDIA A100 GPU"),
+    "too many EnvRunners": (["scaling.num_env_runners=8"], "actors need 8 CPU(s)"),
+    "unknown env id": (["env.id=CartPol-v1"], "did you mean CartPole-v1"),
+    "unknown algo option": (["algo=ppoo"], "unknown option 'ppoo' for config group 'algo'"),
+    "unknown algo name": (["algo.name=PPOO"], "unknown algo.name 'PPOO'"),
+    "unknown RLlib setting": (["+algo.training.lrr=1"], "takes no 'lrr' (did you mean lr?)"),
+    "malformed override": (["stop.iterations=["], "malformed override"),
+    "override without value": (["scaling.num_env_runners"], "malformed override"),
+    "missing resume path": (
+        ["resume=does/not/exist"],
+        "resume path 'does/not/exist' does not exist",
+    ),
+    "RLlib's own check": (["scaling.gym_env_vectorize_mode=asyn"], "gym_env_vectorize_mode"),
+}
+
+
+@pytest.mark.parametrize(("overrides", "expected"), CASES.values(), ids=CASES.keys())
+def test_bad_input_fails_fast_in_one_line(cli, tmp_path, overrides, expected):
+    before = {p for p in tmp_path.iterdir()}
+    result = cli(*overrides, timeout=60)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ") and expected in lines[0], lines[0]
+    assert "Traceback" not in result.stdout + result.stderr
+    assert result.seconds < 15, f"took {result.seconds:.1f} s"
+    created = {p for p in tmp_path.iterdir()} - before
+    assert created <= {result.run_dir}
+    if result.run_dir.exists():
+        assert not (result.run_dir / "checkpoints").exists()
+        assert not (result.run_dir / "metrics.jsonl").exists()

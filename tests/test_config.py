@@ -1,0 +1,114 @@
+"""Every config file composes into an AlgorithmConfig and a plan, without Ray."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import compose_config
+
+from runner import CONFIG_DIR
+from runner.compose import build_algorithm_config
+from runner.errors import ConfigError
+from runner.plan import make_plan
+
+GROUPS = ("hardware", "compile", "scaling", "algo", "env", "experiment")
+OPTIONS = [
+    (group, path.stem)
+    for group in GROUPS
+    for path in sorted((Path(CONFIG_DIR) / group).glob("*.yaml"))
+]
+
+
+def test_every_group_has_options():
+    assert {group for group, _ in OPTIONS} == set(GROUPS)
+    assert {"cpu", "t4", "v100", "a100", "h100"} <= {o for g, o in OPTIONS if g == "hardware"}
+
+
+@pytest.mark.parametrize(("group", "option"), OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
+def test_option_composes_and_builds(group: str, option: str):
+    cfg = compose_config([f"{group}={option}"])
+    config = build_algorithm_config(cfg)
+    plan = make_plan(config)
+    assert type(config).__name__ == f"{cfg.algo.name}Config"
+    assert config.num_env_runners == cfg.scaling.num_env_runners
+    assert config.num_learners == cfg.scaling.num_learners
+    assert plan.count("env_runner") == cfg.scaling.num_env_runners
+
+
+def test_builder_sections_reach_rllib():
+    cfg = compose_config(["algo.training.lr=1e-4", "+algo.training.grad_clip=40", "seed=7"])
+    config = build_algorithm_config(cfg)
+    assert config.lr == 1e-4
+    assert config.grad_clip == 40
+    assert config.seed == 7
+    assert config.num_epochs == cfg.algo.training.num_epochs
+
+
+def test_scaling_feeds_env_runners_and_learners():
+    cfg = compose_config(
+        [
+            "hardware=a100",
+            "scaling=runners2",
+            "scaling.num_learners=2",
+            "scaling.num_cpus_per_learner=2",
+        ]
+    )
+    config = build_algorithm_config(cfg)
+    assert (config.num_env_runners, config.num_envs_per_env_runner) == (2, 4)
+    assert (config.num_learners, config.num_gpus_per_learner, config.num_cpus_per_learner) == (
+        2,
+        1,
+        2,
+    )
+    plan = make_plan(config)
+    roles = {g.role: g for g in plan.groups}
+    assert roles["env_runner"].count == 2 and roles["env_runner"].cpus_each == 1
+    assert roles["learner"].count == 2 and roles["learner"].gpus_each == 1
+    assert (plan.total_gpus, plan.actor_cpus) == (2, 2 + 2 * 2)
+
+
+def test_local_learner_gpu_is_on_the_main_process():
+    config = build_algorithm_config(compose_config(["hardware=a100"]))
+    main = make_plan(config).groups[0]
+    assert main.role == "main" and main.gpus_each == 1
+    assert "local Learner" in main.note and "local EnvRunner" in main.note
+
+
+def test_unknown_builder_key_names_the_closest():
+    cfg = compose_config(["+algo.training.lrr=1"])
+    with pytest.raises(ConfigError, match=r"algo\.training\.lrr.*did you mean lr"):
+        build_algorithm_config(cfg)
+
+
+def test_scaling_key_set_twice_is_refused():
+    cfg = compose_config(["+algo.env_runners.num_env_runners=3"])
+    with pytest.raises(ConfigError, match="duplicates scaling.num_env_runners"):
+        build_algorithm_config(cfg)
+
+
+@pytest.mark.parametrize(
+    "override", ["scaling.num_env_runners=-1", "scaling.num_envs_per_env_runner=0"]
+)
+def test_counts_out_of_range(override: str):
+    with pytest.raises(ConfigError, match="must be >="):
+        build_algorithm_config(compose_config([override]))
+
+
+def test_breakout_is_wrapped_for_the_new_api_stack():
+    config = build_algorithm_config(compose_config(["env=breakout"]))
+    env = config.env({**config.env_config})
+    try:
+        assert env.observation_space.shape == (64, 64, 4)
+        assert config.clip_rewards is True
+    finally:
+        env.close()
+
+
+def test_gpu_defaults_follow_the_hardware_profile():
+    for profile, gpus in (("cpu", 0), ("t4", 1), ("v100", 1), ("a100", 1), ("h100", 1)):
+        cfg = compose_config([f"hardware={profile}"])
+        assert cfg.scaling.num_gpus_per_learner == gpus
+        assert cfg.hardware.best_compile in {
+            p.stem for p in (Path(CONFIG_DIR) / "compile").glob("*.yaml")
+        }
