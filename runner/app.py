@@ -158,8 +158,9 @@ def run(cfg: DictConfig, start_time: float) -> None:
     summary = train(cfg, config, run_dir, checkpoint, hardware, start_time)
     summary["versions"] = versions()
     write_json(run_dir / "summary.json", summary)
+    steps = summary["env_steps"]
     console.print(
         f"done ({summary['stop_reason'] or 'no stop criterion'}): "
-        f"{summary['iterations']} iterations, {summary['env_steps']} env steps, "
+        f"{summary['iterations']} iterations, {steps or 0:,.0f} env steps, "
         f"{summary['wall_seconds']:.1f} s; results in {run_dir}"
     )
