@@ -15,6 +15,7 @@ from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from rich.console import Console
 from rich.table import Table
 
+from runner import compile as compile_settings
 from runner import preflight
 from runner.compose import build_algorithm_config, default_config_for
 from runner.errors import ConfigError, PreflightError
@@ -22,7 +23,6 @@ from runner.plan import Plan, make_plan
 from runner.results import RESULT_FILES, json_safe, versions, write_json
 from runner.train import (
     CHECKPOINT_FILE,
-    compile_status,
     latest_checkpoint,
     quiet_ray,
     start_ray,
@@ -147,16 +147,19 @@ def run(cfg: DictConfig, start_time: float) -> None:
         return
     if not report.ok:
         raise PreflightError("; ".join(report.problems))
-    if compile_status(cfg.compile)["requested"]:
+    if compile_settings.is_enabled(cfg.compile):
         log.warning(
             "compile=%s is validated but this version of the runner does not apply it yet",
             cfg.compile.backend,
         )
 
     start_ray(cfg.ray)
-    hardware = {"profile": cfg.hardware.name, **vars(resources)}
-    summary = train(cfg, config, run_dir, checkpoint, hardware, start_time)
-    summary["versions"] = versions()
+    summary = {
+        **train(cfg, config, run_dir, checkpoint, start_time),
+        "compile": compile_settings.status(cfg.compile),
+        "hardware": {"profile": cfg.hardware.name, **vars(resources)},
+        "versions": versions(),
+    }
     write_json(run_dir / "summary.json", summary)
     steps = summary["env_steps"]
     console.print(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import logging
+from typing import Any
 
 import torch
 from omegaconf import DictConfig
@@ -34,6 +35,16 @@ def available_backends() -> list[str]:
 
 def is_enabled(compile_cfg: DictConfig) -> bool:
     return compile_cfg.backend is not None and (compile_cfg.env_runners or compile_cfg.learners)
+
+
+def status(compile_cfg: DictConfig) -> dict[str, Any]:
+    """What was asked of torch.compile; `applied` says whether the runner applied it."""
+    return {
+        "backend": compile_cfg.backend,
+        "mode": compile_cfg.mode,
+        "requested": is_enabled(compile_cfg),
+        "applied": False,
+    }
 
 
 def validate(compile_cfg: DictConfig) -> list[str]:

@@ -174,8 +174,16 @@ def _learner_placement(config: AlgorithmConfig, res: Resources) -> list[str]:
     ]
 
 
+def _check_run_settings(cfg: DictConfig) -> None:
+    for section in ("stop", "checkpoint"):
+        for key, value in cfg[section].items():
+            if isinstance(value, int | float) and not isinstance(value, bool) and value < 0:
+                raise ConfigError(f"{section}.{key} must be >= 0 (or null), got {value}")
+
+
 def check(cfg: DictConfig, config: AlgorithmConfig, plan: Plan, res: Resources) -> Report:
     """Raise ConfigError on bad input; report resource shortfalls (problems) and warnings."""
+    _check_run_settings(cfg)
     check_env_id(cfg.env.id, cfg.env.atari)
     if compile_settings.is_enabled(cfg.compile) and cfg.compile.backend == "ipex":
         problem = compile_settings.ipex_problem()

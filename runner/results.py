@@ -97,7 +97,7 @@ class MetricsLog:
     """metrics.jsonl (one line per iteration, flushed) and TensorBoard events, side by side."""
 
     def __init__(self, run_dir: Path) -> None:
-        self._jsonl = (run_dir / "metrics.jsonl").open("a", buffering=1)
+        self._jsonl = (run_dir / "metrics.jsonl").open("w", buffering=1)
         self._tb = SummaryWriter(logdir=str(run_dir / "tensorboard"), flush_secs=10)
 
     def write(self, row: dict[str, Any], result: dict) -> None:

@@ -13,7 +13,6 @@ from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from rich.console import Console
 
-from runner import compile as compile_settings
 from runner.results import MetricsLog, headline
 
 log = logging.getLogger(__name__)
@@ -77,10 +76,8 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return found[-1].parent if found else None
 
 
-def _save(algo: Algorithm, run_dir: Path) -> Path:
-    path = run_dir / "checkpoints" / f"iter_{algo.iteration:06d}"
-    algo.save_to_path(str(path.resolve()))
-    return path
+def _checkpoint_dir(run_dir: Path, algo: Algorithm) -> Path:
+    return run_dir / "checkpoints" / f"iter_{algo.iteration:06d}"
 
 
 def train(
@@ -88,10 +85,9 @@ def train(
     config: AlgorithmConfig,
     run_dir: Path,
     checkpoint: Path | None,
-    hardware: dict[str, Any],
     start_time: float,
 ) -> dict[str, Any]:
-    """Train until a stop criterion holds; return the summary written to summary.json."""
+    """Train until a stop criterion holds; return this run's figures for summary.json."""
     algo = config.build_algo()
     if checkpoint is not None:
         algo.restore_from_path(str(checkpoint.resolve()))
@@ -109,10 +105,11 @@ def train(
             metrics.write(row, result)
             print_row(row)
             ret = row["episode_return_mean"]
-            best = ret if best is None or (ret is not None and ret > best) else best
+            if ret is not None and (best is None or ret > best):
+                best = ret
             every = cfg.checkpoint.every
             if every and algo.iteration % every == 0:
-                _save(algo, run_dir)
+                algo.save_to_path(str(_checkpoint_dir(run_dir, algo).resolve()))
             reason = stop_reason(cfg.stop, row, time.perf_counter() - train_start) or ""
             if reason:
                 break
@@ -120,13 +117,9 @@ def train(
         reason = "interrupted (Ctrl-C)"
     finally:
         metrics.close()
-        if (
-            rows
-            and cfg.checkpoint.at_end
-            and latest_checkpoint(run_dir)
-            != (run_dir / "checkpoints" / f"iter_{algo.iteration:06d}")
-        ):
-            _save(algo, run_dir)
+        final = _checkpoint_dir(run_dir, algo)
+        if rows and cfg.checkpoint.at_end and not final.exists():
+            algo.save_to_path(str(final.resolve()))
         algo.stop()
     train_seconds = time.perf_counter() - train_start
     steps_this_run = sum(r["env_steps_this_iter"] or 0 for r in rows)
@@ -144,16 +137,4 @@ def train(
         "first_iteration_seconds": rows[0]["wall_seconds"] if rows else None,
         "resumed_from": str(checkpoint) if checkpoint else None,
         "checkpoint": str(latest_checkpoint(run_dir) or ""),
-        "compile": compile_status(cfg.compile),
-        "hardware": hardware,
-    }
-
-
-def compile_status(compile_cfg: DictConfig) -> dict[str, Any]:
-    """What was asked of torch.compile; `applied` says whether the runner applied it."""
-    return {
-        "backend": compile_cfg.backend,
-        "mode": compile_cfg.mode,
-        "requested": compile_settings.is_enabled(compile_cfg),
-        "applied": False,
     }

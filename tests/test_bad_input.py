@@ -19,6 +19,7 @@ CASES = {
     ),
     "GPU profile on a CPU machine": (["hardware=a100"], "expects an NVIDIA A100 GPU"),
     "too many EnvRunners": (["scaling.num_env_runners=8"], "actors need 8 CPU(s)"),
+    "negative stop criterion": (["stop.iterations=-3"], "stop.iterations must be >= 0"),
     "unknown env id": (["env.id=CartPol-v1"], "did you mean CartPole-v1"),
     "unknown algo option": (["algo=ppoo"], "unknown option 'ppoo' for config group 'algo'"),
     "unknown algo name": (["algo.name=PPOO"], "unknown algo.name 'PPOO'"),
