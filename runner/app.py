@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from runner import compile as compile_settings
-from runner import preflight
+from runner import compiled, preflight
 from runner.compose import build_algorithm_config, default_config_for
 from runner.errors import ConfigError, PreflightError
 from runner.plan import Plan, make_plan
@@ -126,7 +126,7 @@ def run(cfg: DictConfig, start_time: float) -> None:
     config = build_algorithm_config(cfg)
     plan = make_plan(config)
     if cfg.ray.address:
-        start_ray(cfg.ray)
+        start_ray(cfg.ray, cfg.compile.cache_dir)
         resources = preflight.cluster_resources(cfg.ray.address)
     else:
         resources = preflight.local_resources(cfg.ray)
@@ -147,16 +147,16 @@ def run(cfg: DictConfig, start_time: float) -> None:
         return
     if not report.ok:
         raise PreflightError("; ".join(report.problems))
-    if compile_settings.is_enabled(cfg.compile):
-        log.warning(
-            "compile=%s is validated but this version of the runner does not apply it yet",
-            cfg.compile.backend,
-        )
 
-    start_ray(cfg.ray)
+    start_ray(cfg.ray, cfg.compile.cache_dir)
+    figures = train(cfg, config, run_dir, checkpoint, start_time)
+    compile_section, compile_line = compiled.summarize(
+        compile_settings.spec(cfg.compile), figures.pop("compile_reports")
+    )
+    console.print(compile_line)
     summary = {
-        **train(cfg, config, run_dir, checkpoint, start_time),
-        "compile": compile_settings.status(cfg.compile),
+        **figures,
+        "compile": compile_section,
         "hardware": {"profile": cfg.hardware.name, **vars(resources)},
         "versions": versions(),
     }

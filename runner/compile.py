@@ -9,11 +9,11 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import logging
-from typing import Any
 
 import torch
 from omegaconf import DictConfig
 
+from runner.compiled import CompileSpec
 from runner.errors import ConfigError, did_you_mean
 
 log = logging.getLogger(__name__)
@@ -21,8 +21,8 @@ log = logging.getLogger(__name__)
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 RUNNER_BACKENDS = ("onnxrt", "ipex")
 INFERENCE_ONLY = ("onnxrt",)
-# Backends that take no `mode`: it is accepted, with a warning that it does nothing.
-MODELESS = ("eager", "aot_eager", "cudagraphs", "onnxrt")
+# The only backend that takes `mode`; with any other it is accepted with a warning.
+MODE_BACKEND = "inductor"
 
 
 def available_backends() -> list[str]:
@@ -37,14 +37,18 @@ def is_enabled(compile_cfg: DictConfig) -> bool:
     return compile_cfg.backend is not None and (compile_cfg.env_runners or compile_cfg.learners)
 
 
-def status(compile_cfg: DictConfig) -> dict[str, Any]:
-    """What was asked of torch.compile; `applied` says whether the runner applied it."""
-    return {
-        "backend": compile_cfg.backend,
-        "mode": compile_cfg.mode,
-        "requested": is_enabled(compile_cfg),
-        "applied": False,
-    }
+def spec(compile_cfg: DictConfig) -> CompileSpec | None:
+    """The picklable settings the EnvRunners and Learners compile with; None when off."""
+    if not is_enabled(compile_cfg):
+        return None
+    return CompileSpec(
+        backend=compile_cfg.backend,
+        mode=compile_cfg.mode,
+        dynamic=compile_cfg.dynamic,
+        env_runners=compile_cfg.env_runners,
+        learners=compile_cfg.learners,
+        learner_granularity=compile_cfg.learner_granularity.value,
+    )
 
 
 def validate(compile_cfg: DictConfig) -> list[str]:
@@ -69,11 +73,33 @@ def validate(compile_cfg: DictConfig) -> list[str]:
             "set compile.learners=false"
         )
     warnings = []
-    if mode not in (None, "default") and backend in MODELESS:
+    if mode not in (None, "default") and backend != MODE_BACKEND:
         warnings.append(f"compile.mode={mode} is ignored by backend {backend}")
     if not (compile_cfg.env_runners or compile_cfg.learners):
         warnings.append(f"compile.backend={backend} is set but applies to no component")
     return warnings
+
+
+def cuda_graph_warning(compile_cfg: DictConfig, scaling: DictConfig) -> str | None:
+    """CUDA graphs asked for on modules that run on the CPU: allowed, but say so."""
+    if not is_enabled(compile_cfg):
+        return None
+    if compile_cfg.backend != "cudagraphs" and compile_cfg.mode != "reduce-overhead":
+        return None
+    on_cpu = [
+        name
+        for name, wanted, gpus in (
+            ("EnvRunners", compile_cfg.env_runners, scaling.num_gpus_per_env_runner),
+            ("Learners", compile_cfg.learners, scaling.num_gpus_per_learner),
+        )
+        if wanted and gpus == 0
+    ]
+    if not on_cpu:
+        return None
+    return (
+        f"compile {compile_cfg.backend}/{compile_cfg.mode}: the {' and '.join(on_cpu)} run on "
+        "the CPU, where no CUDA graphs are used (torch skips them for CPU tensors)"
+    )
 
 
 def ipex_problem() -> str | None:

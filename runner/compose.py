@@ -7,6 +7,7 @@ valid keys, instead of as a TypeError deep inside RLlib.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from functools import cache
 from typing import Any
@@ -16,6 +17,8 @@ from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.algorithms.registry import ALGORITHMS
 
 from runner import compile as compile_settings
+from runner import compiled
+from runner.compiled import CompileSpec
 from runner.envs import atari_env_creator
 from runner.errors import ConfigError, did_you_mean
 
@@ -130,4 +133,25 @@ def build_algorithm_config(cfg: DictConfig) -> AlgorithmConfig:
             call_builder(config, section, f"algo.{section}", kwargs)
     # RLlib resets its logger to debugging.log_level when the Algorithm starts.
     call_builder(config, "debugging", "seed", {"seed": cfg.seed, "log_level": cfg.ray.log_level})
+    _add_compile(config, compile_settings.spec(cfg.compile))
     return config
+
+
+def _add_compile(config: AlgorithmConfig, spec: CompileSpec | None) -> None:
+    """Compile through callbacks in every EnvRunner and Learner process (see compiled.py).
+
+    A complete-update compile is RLlib's own (it works); the runner only wraps it to count.
+    """
+    if spec is None:
+        return
+    config.callbacks(
+        on_algorithm_init=functools.partial(compiled.apply, spec=spec),
+        on_env_runners_recreated=functools.partial(compiled.reapply, spec=spec),
+    )
+    if spec.learners and spec.learner_granularity == "complete_update":
+        config.framework(
+            torch_compile_learner=True,
+            torch_compile_learner_what_to_compile="complete_update",
+            torch_compile_learner_dynamo_backend=spec.backend,
+            torch_compile_learner_dynamo_mode=spec.mode or "default",
+        )

@@ -190,6 +190,9 @@ def check(cfg: DictConfig, config: AlgorithmConfig, plan: Plan, res: Resources) 
         if problem:
             raise ConfigError(problem)
     report = Report(warnings=compile_settings.validate(cfg.compile))
+    cuda_graphs = compile_settings.cuda_graph_warning(cfg.compile, cfg.scaling)
+    if cuda_graphs:
+        report.warnings.append(cuda_graphs)
     # A hardware problem already names missing GPUs: the GPU count is checked only without one.
     report.problems += _hardware_problems(cfg, plan, res) or _gpu_shortfall(plan, res)
     cpu_problems, cpu_warnings = _cpu_shortfall(plan, res)

@@ -54,6 +54,9 @@ class CompileConfig:
     learners: bool = False
     learner_granularity: LearnerGranularity = LearnerGranularity.forward_train
     dynamic: bool | None = None
+    # Inductor's FX graph cache, shared by every actor on a node; null keeps inductor's
+    # default (one dir per user in the temp dir, already shared by the node's actors).
+    cache_dir: str | None = None
 
 
 @dataclass

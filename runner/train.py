@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from rich.console import Console
 
+from runner import compiled
 from runner.results import MetricsLog, headline
 
 log = logging.getLogger(__name__)
@@ -28,12 +30,19 @@ def quiet_ray(level_name: str) -> int:
     return level
 
 
-def start_ray(ray_cfg: DictConfig) -> None:
-    """A local Ray sized to this machine (no dashboard, quiet), or the cluster at ray.address."""
+def start_ray(ray_cfg: DictConfig, compile_cache_dir: str | None = None) -> None:
+    """A local Ray sized to this machine (no dashboard, quiet), or the cluster at ray.address.
+
+    `compile_cache_dir` becomes TORCHINDUCTOR_CACHE_DIR here and in every actor.
+    """
     level = quiet_ray(ray_cfg.log_level)
     if ray.is_initialized():
         return
     common: dict[str, Any] = {"logging_level": level, "log_to_driver": level <= logging.INFO}
+    if compile_cache_dir:
+        cache = str(Path(compile_cache_dir).expanduser().resolve())
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
+        common["runtime_env"] = {"env_vars": {"TORCHINDUCTOR_CACHE_DIR": cache}}
     if ray_cfg.address:
         ray.init(address=ray_cfg.address, **common)
     else:
@@ -80,6 +89,11 @@ def _checkpoint_dir(run_dir: Path, algo: Algorithm) -> Path:
     return run_dir / "checkpoints" / f"iter_{algo.iteration:06d}"
 
 
+def _max_diff(reports: list[dict[str, Any]]) -> float | None:
+    diffs = [r["max_abs_diff"] for r in reports if r["max_abs_diff"] is not None]
+    return max(diffs) if diffs else None
+
+
 def train(
     cfg: DictConfig,
     config: AlgorithmConfig,
@@ -87,7 +101,12 @@ def train(
     checkpoint: Path | None,
     start_time: float,
 ) -> dict[str, Any]:
-    """Train until a stop criterion holds; return this run's figures for summary.json."""
+    """Train until a stop criterion holds; return this run's figures for summary.json.
+
+    With compile on the EnvRunners, every iteration (after the weight sync) replays each
+    compiled module's last input through compiled and eager code: `compile_max_abs_diff`.
+    """
+    verify = cfg.compile.backend is not None and cfg.compile.env_runners
     algo = config.build_algo()
     if checkpoint is not None:
         algo.restore_from_path(str(checkpoint.resolve()))
@@ -101,6 +120,8 @@ def train(
         while True:
             result = algo.train()
             row = headline(result, time.perf_counter() - start_time)
+            if verify:
+                row["compile_max_abs_diff"] = _max_diff(compiled.collect(algo, verify=True))
             rows.append(row)
             metrics.write(row, result)
             print_row(row)
@@ -117,6 +138,7 @@ def train(
         reason = "interrupted (Ctrl-C)"
     finally:
         metrics.close()
+        reports = compiled.collect(algo, verify=verify) if rows else []
         final = _checkpoint_dir(run_dir, algo)
         if rows and cfg.checkpoint.at_end and not final.exists():
             algo.save_to_path(str(final.resolve()))
@@ -137,4 +159,5 @@ def train(
         "first_iteration_seconds": rows[0]["wall_seconds"] if rows else None,
         "resumed_from": str(checkpoint) if checkpoint else None,
         "checkpoint": str(latest_checkpoint(run_dir) or ""),
+        "compile_reports": reports,
     }

@@ -30,6 +30,16 @@ CASES = {
         ["resume=does/not/exist"],
         "resume path 'does/not/exist' does not exist",
     ),
+    "unknown compile backend": (
+        ["compile.backend=inductr", "compile.env_runners=true"],
+        "unknown compile.backend 'inductr' (did you mean inductor?)",
+    ),
+    "unknown compile mode": (
+        ["compile=inductor_default", "compile.mode=fast"],
+        "unknown compile.mode",
+    ),
+    "onnxrt on Learners": (["compile=onnxrt_default", "compile.learners=true"], "inference only"),
+    "ipex without the extra": (["compile=ipex_default"], "pip install -e '.[ipex]'"),
     "RLlib's own check": (["scaling.gym_env_vectorize_mode=asyn"], "gym_env_vectorize_mode"),
 }
 

@@ -57,3 +57,17 @@ def test_driver_sharing_a_core_only_warns():
     report = verdict(["scaling=runners2"], cpus=2)
     assert report.ok
     assert any("share a core" in w for w in report.warnings)
+
+
+def test_cuda_graphs_on_cpu_modules_warn():
+    report = verdict(["compile=inductor_ro"])
+    assert report.ok
+    assert any("no CUDA graphs are used" in w for w in report.warnings)
+    assert not any("CUDA graphs" in w for w in verdict(["compile=inductor_default"]).warnings)
+
+
+def test_a_mode_the_backend_ignores_warns():
+    report = verdict(["compile=onnxrt_ma"])
+    assert any(
+        "compile.mode=max-autotune is ignored by backend onnxrt" in w for w in report.warnings
+    )

@@ -1,0 +1,302 @@
+"""torch.compile applied on EnvRunners and Learners, and proof that it took effect.
+
+RLlib 2.60 compiles nothing here on the new API stack (its EnvRunners never read
+`torch_compile_worker`; its Learner's forward_train loop tests the wrong object), so the
+runner compiles the modules itself, from `on_algorithm_init` (and again for EnvRunners
+that Ray recreates), in every process that holds one: the local and remote EnvRunners and
+Learners. Each compiled method is wrapped in a `CompiledCall` that counts what dynamo did
+for it, so every run can report, per component, whether compile took effect.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+import torch._dynamo
+from ray.rllib.core.rl_module.multi_rl_module import MultiRLModule
+from ray.rllib.utils.actor_manager import RemoteCallResults
+from torch._dynamo.utils import counters
+
+ENV_RUNNER_METHODS = ("_forward_exploration", "_forward_inference")
+LEARNER_METHODS = ("_forward_train",)
+
+
+@dataclass(frozen=True)
+class CompileSpec:
+    """The compile settings every process needs (picklable, sent with the callbacks)."""
+
+    backend: str
+    mode: str | None
+    dynamic: bool | None
+    env_runners: bool
+    learners: bool
+    learner_granularity: str
+
+    def compile(self, fn: Callable) -> Callable:
+        """torch.compile(fn) with this spec; inductor freezing stays off (weights change)."""
+        load_backend(self.backend)
+        kwargs: dict[str, Any] = {"backend": self.backend, "dynamic": self.dynamic}
+        if self.backend == "inductor" and self.mode not in (None, "default"):
+            kwargs["mode"] = self.mode
+        if self.backend == "onnxrt":
+            kwargs["dynamic"] = False  # the exported graph has a dynamic batch dim instead
+        return torch.compile(fn, **kwargs)
+
+
+def load_backend(backend: str) -> None:
+    """Register the backends torch does not ship, in the calling process."""
+    if backend == "inductor":
+        import torch._inductor.config
+
+        # Freezing folds weights into the graph as constants: a weight sync would be lost.
+        torch._inductor.config.freezing = False
+    elif backend == "onnxrt":
+        from runner import onnxrt
+
+        onnxrt.register()
+    elif backend == "ipex":
+        import intel_extension_for_pytorch  # noqa: F401 - registers the "ipex" backend
+
+
+# What a CompiledCall counts: its share of dynamo's and inductor's process-wide counters.
+COUNTED = {
+    "frames": ("frames", "ok"),
+    "unique_graphs": ("stats", "unique_graphs"),
+    "cache_hits": ("inductor", "fxgraph_cache_hit"),
+    "cache_misses": ("inductor", "fxgraph_cache_miss"),
+}
+
+
+def _counts() -> dict[str, int]:
+    return {name: counters[group][key] for name, (group, key) in COUNTED.items()}
+
+
+class CompiledCall:
+    """A compiled method that records its compile time and what dynamo compiled for it.
+
+    Counters are process-wide, so each call takes the difference around itself: two
+    components in one process (the local EnvRunner and the local Learner) keep theirs apart.
+    """
+
+    def __init__(self, eager: Callable, compiled: Callable, name: str) -> None:
+        self.eager = eager
+        self.compiled = compiled
+        self.name = name
+        self.calls = 0
+        self.first_call_seconds: float | None = None
+        self.recompiles = 0
+        self.counts = dict.fromkeys(COUNTED, 0)
+        self.last_args: tuple | None = None
+        self.last_kwargs: dict | None = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        before, start = _counts(), time.perf_counter()
+        out = self.compiled(*args, **kwargs)
+        seconds = time.perf_counter() - start
+        after = _counts()
+        if self.calls == 0:
+            self.first_call_seconds = seconds
+        elif after["frames"] > before["frames"]:
+            self.recompiles += 1
+        for name in COUNTED:
+            self.counts[name] += after[name] - before[name]
+        self.calls += 1
+        self.last_args, self.last_kwargs = args, kwargs
+        return out
+
+    def max_abs_diff(self) -> float | None:
+        """Replay the last real input through compiled and eager code: the largest gap."""
+        if self.last_args is None:
+            return None
+        # Same grad mode as the real call, so the replay hits the compiled graph as it is.
+        ours = self.compiled(*self.last_args, **self.last_kwargs)
+        theirs = self.eager(*self.last_args, **self.last_kwargs)
+        gaps = [
+            (ours[k].detach() - v.detach()).abs().max()
+            for k, v in theirs.items()
+            if torch.is_tensor(v)
+        ]
+        return max((float(g) for g in gaps), default=0.0)
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "calls": self.calls,
+            "first_call_seconds": self.first_call_seconds,
+            "recompiles": self.recompiles,
+            **self.counts,
+        }
+
+
+def _torch_modules(module: Any) -> dict[str, torch.nn.Module]:
+    """The TorchRLModules inside an EnvRunner's or Learner's module, by module id."""
+    modules = dict(module.items()) if isinstance(module, MultiRLModule) else {"default": module}
+    # unwrapped(): a DDP-wrapped Learner module compiles the module inside.
+    return {mid: m.unwrapped() for mid, m in modules.items() if isinstance(m, torch.nn.Module)}
+
+
+def _wrap(owner: Any, module: Any, methods: Iterable[str], spec: CompileSpec) -> None:
+    calls = getattr(owner, "_runner_compiled", {})
+    for mid, sub in _torch_modules(module).items():
+        for method in methods:
+            if f"{mid}.{method}" in calls:
+                continue
+            eager = getattr(sub, method)
+            call = CompiledCall(eager, spec.compile(eager), f"{mid}.{method}")
+            setattr(sub, method, call)
+            calls[call.name] = call
+    owner._runner_compiled = calls
+
+
+def compile_env_runner(env_runner: Any, spec: CompileSpec) -> None:
+    if env_runner.module is not None:
+        _wrap(env_runner, env_runner.module, ENV_RUNNER_METHODS, spec)
+
+
+def compile_learner(learner: Any, spec: CompileSpec) -> None:
+    """forward_train of every sub-module, or wrap RLlib's own compiled complete update."""
+    if spec.learner_granularity == "complete_update":
+        calls = getattr(learner, "_runner_compiled", {})
+        if "complete_update" not in calls:
+            compiled = learner._possibly_compiled_update
+            calls["complete_update"] = CompiledCall(
+                learner._uncompiled_update, compiled, "complete_update"
+            )
+            learner._possibly_compiled_update = calls["complete_update"]
+        learner._runner_compiled = calls
+    else:
+        _wrap(learner, learner.module, LEARNER_METHODS, spec)
+
+
+def _values(results: Any) -> list:
+    """foreach_learner results as plain values (a local Learner returns a plain list)."""
+    if isinstance(results, RemoteCallResults):
+        return [r.get() for r in results]
+    return list(results)
+
+
+def apply(*, algorithm: Any, spec: CompileSpec, **_: Any) -> None:
+    """on_algorithm_init: compile every EnvRunner's and Learner's module, in its process."""
+    if spec.env_runners:
+        for group in (algorithm.env_runner_group, algorithm.eval_env_runner_group):
+            if group is not None:
+                group.foreach_env_runner(functools.partial(compile_env_runner, spec=spec))
+    if spec.learners:
+        _values(algorithm.learner_group.foreach_learner(compile_learner, spec=spec))
+
+
+def reapply(
+    *, env_runner_group: Any, env_runner_indices: list[int], spec: CompileSpec, **_: Any
+) -> None:
+    """on_env_runners_recreated: a recreated EnvRunner gets a fresh, uncompiled module."""
+    if spec.env_runners:
+        env_runner_group.foreach_env_runner(
+            functools.partial(compile_env_runner, spec=spec),
+            remote_worker_ids=env_runner_indices,
+            local_env_runner=False,
+        )
+
+
+SUMMED = ("frames", "unique_graphs", "recompiles", "cache_hits", "cache_misses", "calls")
+
+
+@dataclass
+class ComponentReport:
+    component: str
+    pid: int
+    took_effect: bool
+    compile_seconds: float | None
+    frames: int
+    unique_graphs: int
+    recompiles: int
+    cache_hits: int
+    cache_misses: int
+    calls: int
+    process_frames: int
+    max_abs_diff: float | None
+    methods: dict[str, dict[str, Any]]
+
+
+def component_report(owner: Any, component: str, verify: bool) -> dict[str, Any]:
+    """What compile did in this component (EnvRunner or Learner), from inside its process."""
+    calls: dict[str, CompiledCall] = getattr(owner, "_runner_compiled", {})
+    methods = {name: call.stats() for name, call in calls.items()}
+    diffs = (
+        [d for d in (c.max_abs_diff() for c in calls.values()) if d is not None] if verify else []
+    )
+    seconds = [s["first_call_seconds"] for s in methods.values() if s["first_call_seconds"]]
+    return asdict(
+        ComponentReport(
+            component=component,
+            pid=os.getpid(),
+            took_effect=any(s["frames"] > 0 for s in methods.values()),
+            compile_seconds=sum(seconds) if seconds else None,
+            **{key: sum(s[key] for s in methods.values()) for key in SUMMED},
+            process_frames=counters["frames"]["ok"],
+            max_abs_diff=max(diffs) if diffs else None,
+            methods=methods,
+        )
+    )
+
+
+def _env_runner_report(env_runner: Any, verify: bool) -> dict[str, Any]:
+    return component_report(env_runner, f"env_runner/{env_runner.worker_index}", verify)
+
+
+def _learner_report(learner: Any) -> dict[str, Any]:
+    return component_report(learner, "learner", verify=False)
+
+
+def collect(algorithm: Any, verify: bool) -> list[dict[str, Any]]:
+    """Per-component reports of every EnvRunner (local first) and every Learner.
+
+    With `verify`, each compiled EnvRunner method replays its last real input through
+    the compiled and the eager code (same weights, after the latest weight sync).
+    """
+    reports = algorithm.env_runner_group.foreach_env_runner(
+        functools.partial(_env_runner_report, verify=verify)
+    )
+    learners = _values(algorithm.learner_group.foreach_learner(_learner_report))
+    for i, report in enumerate(learners):
+        report["component"] = f"learner/{i}"
+    return list(reports) + learners
+
+
+def summarize(spec: CompileSpec | None, reports: list[dict[str, Any]]) -> tuple[dict, str]:
+    """summary.json's compile section and the one line the progress output prints."""
+    used = [r for r in reports if r["calls"] > 0]
+    took = [r for r in used if r["took_effect"]]
+    diffs = [r["max_abs_diff"] for r in reports if r["max_abs_diff"] is not None]
+    seconds = [r["compile_seconds"] for r in took if r["compile_seconds"] is not None]
+    section = {
+        "backend": spec.backend if spec else None,
+        "mode": spec.mode if spec else None,
+        "requested": spec is not None,
+        "applied": bool(took),
+        "frames": sum(r["frames"] for r in reports),
+        "process_frames": {str(r["pid"]): r["process_frames"] for r in reports},
+        "max_abs_diff": max(diffs) if diffs else None,
+        "components": reports,
+    }
+    if spec is None:
+        frames = sum(section["process_frames"].values())
+        return section, f"compile off: {frames} dynamo frames in {len(reports)} component(s)"
+
+    def count(kind: str) -> str:
+        n_took = sum(r["component"].startswith(kind) for r in took)
+        return f"{n_took}/{sum(r['component'].startswith(kind) for r in used)}"
+
+    line = (
+        f"compile {spec.backend}/{spec.mode or 'default'}: took effect on "
+        f"{count('env_runner')} EnvRunner(s) and {count('learner')} Learner(s) that ran; "
+        f"{section['frames']} frames, {sum(r['recompiles'] for r in reports)} recompiles, "
+        f"{sum(seconds):.1f} s in first calls"
+    )
+    if section["max_abs_diff"] is not None:
+        line += f", max |compiled - eager| {section['max_abs_diff']:.1e}"
+    return section, line

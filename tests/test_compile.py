@@ -1,0 +1,130 @@
+"""torch.compile really happens on EnvRunners and Learners, and matches eager."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import pytest
+import torch
+from conftest import TINY
+from ray.rllib.algorithms.ppo import PPOConfig
+from ray.rllib.core.columns import Columns
+
+from runner.compiled import CompileSpec
+from runner.onnxrt import register
+
+TOLERANCE = 1e-5
+
+
+def components(summary: dict) -> dict[str, dict]:
+    return {c["component"]: c for c in summary["compile"]["components"]}
+
+
+def test_compile_none_runs_no_dynamo_frame(cli):
+    result = cli(*TINY, "stop.iterations=2", "compile=none")
+    assert result.returncode == 0, result.stderr
+    compile_summary = result.json("summary.json")["compile"]
+    assert compile_summary["requested"] is False and compile_summary["applied"] is False
+    assert set(components(result.json("summary.json"))) == {"env_runner/0", "learner/0"}
+    assert all(c["process_frames"] == 0 for c in compile_summary["components"])
+    assert "compile off: 0 dynamo frames" in result.stdout
+
+
+@pytest.mark.parametrize("preset", ["inductor_default", "aot_eager"])
+def test_compile_takes_effect_on_env_runner_and_learner(cli, preset):
+    result = cli(*TINY, "stop.iterations=3", f"compile={preset}")
+    assert result.returncode == 0, result.stderr
+    summary = result.json("summary.json")
+    parts = components(summary)
+    for name in ("env_runner/0", "learner/0"):
+        assert parts[name]["took_effect"], parts[name]
+        assert parts[name]["frames"] > 0 and parts[name]["compile_seconds"] > 0
+    assert parts["env_runner/0"]["methods"]["default._forward_exploration"]["calls"] > 0
+    assert parts["learner/0"]["methods"]["default_policy._forward_train"]["calls"] > 0
+    # After every iteration's weight sync: compiled == eager on the last real batch.
+    rows = result.jsonl("metrics.jsonl")
+    assert len(rows) == 3
+    assert all(r["compile_max_abs_diff"] <= TOLERANCE for r in rows)
+    assert summary["compile"]["applied"] is True
+    assert f"compile {preset.split('_')[0]}" in result.stdout
+
+
+def test_remote_env_runner_compiles_and_shares_the_cache(cli, tmp_path):
+    overrides = [
+        *TINY,
+        "stop.iterations=2",
+        "compile=inductor_default",
+        "compile.learners=false",
+        "scaling.num_env_runners=1",
+        f"compile.cache_dir={tmp_path / 'inductor_cache'}",
+    ]
+    first = cli(*overrides, run_dir="first")
+    assert first.returncode == 0, first.stderr
+    remote = components(first.json("summary.json"))["env_runner/1"]
+    local = components(first.json("summary.json"))["env_runner/0"]
+    assert remote["took_effect"] and remote["frames"] > 0 and remote["pid"] != local["pid"]
+    assert remote["cache_misses"] > 0 and remote["cache_hits"] == 0
+    assert remote["max_abs_diff"] <= TOLERANCE
+    assert local["calls"] == 0  # sampling happens on the remote EnvRunner only
+    assert any((tmp_path / "inductor_cache").iterdir())
+
+    second = cli(*overrides, run_dir="second")
+    assert second.returncode == 0, second.stderr
+    remote = components(second.json("summary.json"))["env_runner/1"]
+    assert remote["took_effect"] and remote["cache_hits"] > 0 and remote["cache_misses"] == 0
+
+
+def test_onnxrt_on_env_runners_matches_eager_after_weight_syncs(cli):
+    result = cli(*TINY, "stop.iterations=3", "compile=onnxrt_default")
+    assert result.returncode == 0, result.stderr
+    parts = components(result.json("summary.json"))
+    assert parts["env_runner/0"]["took_effect"]
+    assert parts["learner/0"]["methods"] == {}  # onnxrt is inference only
+    assert all(r["compile_max_abs_diff"] <= TOLERANCE for r in result.jsonl("metrics.jsonl"))
+
+
+def test_complete_update_compiles_the_learner_update(cli):
+    result = cli(
+        *TINY,
+        "stop.iterations=3",
+        "compile=aot_eager",
+        "compile.env_runners=false",
+        "compile.learner_granularity=complete_update",
+    )
+    assert result.returncode == 0, result.stderr
+    learner = components(result.json("summary.json"))["learner/0"]
+    assert set(learner["methods"]) == {"complete_update"}
+    assert learner["took_effect"] and learner["frames"] > 0
+
+
+def ppo_cartpole_module() -> tuple[torch.nn.Module, gym.Env]:
+    env = gym.make("CartPole-v1")
+    module = PPOConfig().environment("CartPole-v1").get_rl_module_spec(env=env).build()
+    return module, env
+
+
+def test_onnxrt_backend_matches_eager_on_batch_sizes_and_weight_changes():
+    register()
+    module, env = ppo_cartpole_module()
+    obs, _ = env.reset(seed=0)
+    compiled = CompileSpec("onnxrt", None, None, True, False, "forward_train").compile(
+        module._forward_exploration
+    )
+
+    def gap(batch_size: int) -> float:
+        batch = {Columns.OBS: torch.tensor(obs).repeat(batch_size, 1) + torch.randn(batch_size, 4)}
+        ours = compiled(batch)[Columns.ACTION_DIST_INPUTS]
+        theirs = module._forward_exploration(batch)[Columns.ACTION_DIST_INPUTS]
+        return float((ours - theirs).abs().max())
+
+    probe = {Columns.OBS: torch.tensor(obs)[None]}
+    before = module._forward_exploration(probe)[Columns.ACTION_DIST_INPUTS]
+    for batch_size in (1, 4, 16):
+        assert gap(batch_size) <= TOLERANCE
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(0.05 * torch.randn_like(p))  # in place, as a weight sync writes them
+    after = compiled(probe)[Columns.ACTION_DIST_INPUTS]
+    assert float((after - before).abs().max()) > 1e-3  # the compiled module saw the change
+    for batch_size in (1, 4, 16):
+        assert gap(batch_size) <= TOLERANCE
