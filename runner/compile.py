@@ -13,7 +13,7 @@ import logging
 import torch
 from omegaconf import DictConfig
 
-from runner.compiled import CompileSpec
+from runner.compiled import MODE_BACKENDS, CompileSpec
 from runner.errors import ConfigError, did_you_mean
 
 log = logging.getLogger(__name__)
@@ -21,8 +21,6 @@ log = logging.getLogger(__name__)
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 RUNNER_BACKENDS = ("onnxrt", "ipex")
 INFERENCE_ONLY = ("onnxrt",)
-# The only backend that takes `mode`; with any other it is accepted with a warning.
-MODE_BACKEND = "inductor"
 
 
 def available_backends() -> list[str]:
@@ -73,7 +71,7 @@ def validate(compile_cfg: DictConfig) -> list[str]:
             "set compile.learners=false"
         )
     warnings = []
-    if mode not in (None, "default") and backend != MODE_BACKEND:
+    if mode not in (None, "default") and backend not in MODE_BACKENDS:
         warnings.append(f"compile.mode={mode} is ignored by backend {backend}")
     if not (compile_cfg.env_runners or compile_cfg.learners):
         warnings.append(f"compile.backend={backend} is set but applies to no component")

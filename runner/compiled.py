@@ -24,6 +24,8 @@ from ray.rllib.utils.actor_manager import RemoteCallResults
 from torch._dynamo.utils import counters
 
 ENV_RUNNER_METHODS = ("_forward_exploration", "_forward_inference")
+# Backends that take torch.compile's `mode`; the others are given none.
+MODE_BACKENDS = ("inductor", "ipex")
 LEARNER_METHODS = ("_forward_train",)
 
 
@@ -42,7 +44,7 @@ class CompileSpec:
         """torch.compile(fn) with this spec; inductor freezing stays off (weights change)."""
         load_backend(self.backend)
         kwargs: dict[str, Any] = {"backend": self.backend, "dynamic": self.dynamic}
-        if self.backend == "inductor" and self.mode not in (None, "default"):
+        if self.backend in MODE_BACKENDS and self.mode not in (None, "default"):
             kwargs["mode"] = self.mode
         if self.backend == "onnxrt":
             kwargs["dynamic"] = False  # the exported graph has a dynamic batch dim instead

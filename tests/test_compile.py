@@ -48,7 +48,20 @@ def test_compile_takes_effect_on_env_runner_and_learner(cli, preset):
     assert f"compile {preset.split('_')[0]}" in result.stdout
 
 
-def test_remote_env_runner_compiles_and_shares_the_cache(cli, tmp_path):
+def test_remote_env_runner_and_remote_learner_compile(cli):
+    overrides = ["scaling.num_env_runners=1", "scaling.num_learners=1", "compile=aot_eager"]
+    result = cli(*TINY, "stop.iterations=2", *overrides)
+    assert result.returncode == 0, result.stderr
+    parts = components(result.json("summary.json"))
+    main_pid = parts["env_runner/0"]["pid"]
+    for name in ("env_runner/1", "learner/0"):
+        assert parts[name]["took_effect"] and parts[name]["frames"] > 0, parts[name]
+        assert parts[name]["pid"] != main_pid
+    assert parts["env_runner/1"]["pid"] != parts["learner/0"]["pid"]
+    assert parts["env_runner/1"]["max_abs_diff"] <= TOLERANCE
+
+
+def test_env_runner_actors_share_one_compile_cache(cli, tmp_path):
     overrides = [
         *TINY,
         "stop.iterations=2",
