@@ -14,8 +14,10 @@ from __future__ import annotations
 import argparse
 import copy
 import csv
+import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -54,8 +56,10 @@ def usable(backend: str) -> bool:
     return backend in available_backends()
 
 
-def measure(module, obs, backend, mode, batch_sizes, iterations, burn_in) -> list[dict]:
+def measure(module, obs, backend, mode, batch_sizes, iterations, burn_in, cache) -> list[dict]:
+    """One backend on one module; `cache` is the inductor cache dir (None: a fresh one)."""
     torch._dynamo.reset()
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache or tempfile.mkdtemp(prefix="inductor-")
     compiled_module = copy.deepcopy(module)
     spec = CompileSpec(backend, mode, None, True, False, "forward_train")
     compiled_module._forward_exploration = spec.compile(compiled_module._forward_exploration)
@@ -103,6 +107,10 @@ def main() -> None:
     parser.add_argument(
         "--threads", type=int, default=1, help="torch threads (Ray gives a 1-CPU actor 1)"
     )
+    parser.add_argument(
+        "--cache-dir",
+        help="inductor cache to use (default: a fresh one per backend: cold compile seconds)",
+    )
     parser.add_argument("--csv", type=Path, help="also write the rows here")
     args = parser.parse_args()
 
@@ -115,7 +123,14 @@ def main() -> None:
         module, obs = build(env_option)
         for backend in backends:
             for row in measure(
-                module, obs, backend, args.mode, args.batch_sizes, args.iterations, args.burn_in
+                module,
+                obs,
+                backend,
+                args.mode,
+                args.batch_sizes,
+                args.iterations,
+                args.burn_in,
+                args.cache_dir,
             ):
                 rows.append({"env": env_option, **row})
                 print(
@@ -128,7 +143,8 @@ def main() -> None:
                 )
     print(
         f"torch {torch.__version__}, {args.iterations} alternated calls each after "
-        f"{args.burn_in} burn-in, {args.threads} thread(s); "
+        f"{args.burn_in} burn-in, {args.threads} thread(s), "
+        f"{'given' if args.cache_dir else 'cold'} inductor cache; "
         f"not available here: {', '.join(skipped) or 'none'}",
         file=sys.stderr,
     )
