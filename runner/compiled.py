@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 import torch._dynamo
+from ray.rllib.core.columns import Columns
 from ray.rllib.core.rl_module.multi_rl_module import MultiRLModule
 from ray.rllib.utils.actor_manager import RemoteCallResults
 from torch._dynamo.utils import counters
@@ -155,9 +156,19 @@ def _wrap(owner: Any, module: Any, methods: Iterable[str], spec: CompileSpec) ->
     owner._runner_compiled = calls
 
 
-def compile_env_runner(env_runner: Any, spec: CompileSpec) -> None:
-    if env_runner.module is not None:
-        _wrap(env_runner, env_runner.module, ENV_RUNNER_METHODS, spec)
+def compile_env_runner(env_runner: Any, spec: CompileSpec, warm_up: bool) -> None:
+    """Compile the module; with `warm_up`, compile now on a batch shaped like the real ones.
+
+    Warming up one EnvRunner before the others fills the node's compile cache, so the
+    others load their graphs from it instead of all compiling at once.
+    """
+    module = env_runner.module
+    if module is None:
+        return
+    _wrap(env_runner, module, ENV_RUNNER_METHODS, spec)
+    if warm_up and not isinstance(module, MultiRLModule):
+        obs = torch.as_tensor(env_runner.env.observation_space.sample())
+        module.forward_exploration({Columns.OBS: obs.to(env_runner._device)}, t=0)
 
 
 def compile_learner(learner: Any, spec: CompileSpec) -> None:
@@ -182,12 +193,28 @@ def _values(results: Any) -> list:
     return list(results)
 
 
+def _compile_group(group: Any, spec: CompileSpec) -> None:
+    """The local EnvRunner, then one remote EnvRunner, then the rest at once (cache hits)."""
+    remote = group.healthy_env_runner_ids()
+    group.foreach_env_runner(
+        functools.partial(compile_env_runner, spec=spec, warm_up=not remote),
+        local_env_runner=True,
+        remote_worker_ids=remote[:1] or None,
+    )
+    if len(remote) > 1:
+        group.foreach_env_runner(
+            functools.partial(compile_env_runner, spec=spec, warm_up=True),
+            local_env_runner=False,
+            remote_worker_ids=remote[1:],
+        )
+
+
 def apply(*, algorithm: Any, spec: CompileSpec, **_: Any) -> None:
     """on_algorithm_init: compile every EnvRunner's and Learner's module, in its process."""
     if spec.env_runners:
         for group in (algorithm.env_runner_group, algorithm.eval_env_runner_group):
             if group is not None:
-                group.foreach_env_runner(functools.partial(compile_env_runner, spec=spec))
+                _compile_group(group, spec)
     if spec.learners:
         _values(algorithm.learner_group.foreach_learner(compile_learner, spec=spec))
 
@@ -198,7 +225,7 @@ def reapply(
     """on_env_runners_recreated: a recreated EnvRunner gets a fresh, uncompiled module."""
     if spec.env_runners:
         env_runner_group.foreach_env_runner(
-            functools.partial(compile_env_runner, spec=spec),
+            functools.partial(compile_env_runner, spec=spec, warm_up=True),
             remote_worker_ids=env_runner_indices,
             local_env_runner=False,
         )
