@@ -8,15 +8,12 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
-import logging
 
 import torch
 from omegaconf import DictConfig
 
 from runner.compiled import MODE_BACKENDS, CompileSpec
 from runner.errors import ConfigError, did_you_mean
-
-log = logging.getLogger(__name__)
 
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 RUNNER_BACKENDS = ("onnxrt", "ipex")

@@ -25,9 +25,9 @@ from ray.rllib.utils.actor_manager import RemoteCallResults
 from torch._dynamo.utils import counters
 
 ENV_RUNNER_METHODS = ("_forward_exploration", "_forward_inference")
+LEARNER_METHODS = ("_forward_train",)
 # Backends that take torch.compile's `mode`; the others are given none.
 MODE_BACKENDS = ("inductor", "ipex")
-LEARNER_METHODS = ("_forward_train",)
 
 
 @dataclass(frozen=True)
@@ -281,19 +281,25 @@ def _learner_report(learner: Any) -> dict[str, Any]:
     return component_report(learner, "learner", verify=False)
 
 
-def collect(algorithm: Any, verify: bool) -> list[dict[str, Any]]:
-    """Per-component reports of every EnvRunner (local first) and every Learner.
+def env_runner_reports(algorithm: Any, verify: bool) -> list[dict[str, Any]]:
+    """Reports of every EnvRunner, local first.
 
-    With `verify`, each compiled EnvRunner method replays its last real input through
-    the compiled and the eager code (same weights, after the latest weight sync).
+    With `verify`, each compiled method replays its last real input through the compiled
+    and the eager code (same weights: after the latest weight sync).
     """
-    reports = algorithm.env_runner_group.foreach_env_runner(
-        functools.partial(_env_runner_report, verify=verify)
+    return list(
+        algorithm.env_runner_group.foreach_env_runner(
+            functools.partial(_env_runner_report, verify=verify)
+        )
     )
+
+
+def collect(algorithm: Any, verify: bool) -> list[dict[str, Any]]:
+    """Per-component reports of every EnvRunner and every Learner."""
     learners = _values(algorithm.learner_group.foreach_learner(_learner_report))
     for i, report in enumerate(learners):
         report["component"] = f"learner/{i}"
-    return list(reports) + learners
+    return env_runner_reports(algorithm, verify) + learners
 
 
 def summarize(spec: CompileSpec | None, reports: list[dict[str, Any]]) -> tuple[dict, str]:

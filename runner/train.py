@@ -14,10 +14,10 @@ from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from rich.console import Console
 
+from runner import compile as compile_settings
 from runner import compiled
 from runner.results import MetricsLog, headline
 
-log = logging.getLogger(__name__)
 console = Console(highlight=False, soft_wrap=True)
 CHECKPOINT_FILE = "rllib_checkpoint.json"
 
@@ -106,7 +106,7 @@ def train(
     With compile on the EnvRunners, every iteration (after the weight sync) replays each
     compiled module's last input through compiled and eager code: `compile_max_abs_diff`.
     """
-    verify = cfg.compile.backend is not None and cfg.compile.env_runners
+    verify = compile_settings.is_enabled(cfg.compile) and cfg.compile.env_runners
     algo = config.build_algo()
     if checkpoint is not None:
         algo.restore_from_path(str(checkpoint.resolve()))
@@ -121,7 +121,7 @@ def train(
             result = algo.train()
             row = headline(result, time.perf_counter() - start_time)
             if verify:
-                row["compile_max_abs_diff"] = _max_diff(compiled.collect(algo, verify=True))
+                row["compile_max_abs_diff"] = _max_diff(compiled.env_runner_reports(algo, True))
             rows.append(row)
             metrics.write(row, result)
             print_row(row)
