@@ -49,8 +49,9 @@ def test_compile_takes_effect_on_env_runner_and_learner(cli, preset):
     assert f"compile {preset.split('_')[0]}" in result.stdout
 
 
-def test_remote_env_runner_and_remote_learner_compile(cli):
-    overrides = ["scaling.num_env_runners=1", "scaling.num_learners=1", "compile=aot_eager"]
+@pytest.mark.parametrize("preset", ["inductor_default", "aot_eager"])
+def test_remote_env_runner_and_remote_learner_compile(cli, preset):
+    overrides = ["scaling.num_env_runners=1", "scaling.num_learners=1", f"compile={preset}"]
     result = cli(*TINY, "stop.iterations=2", *overrides)
     assert result.returncode == 0, result.stderr
     parts = components(result.json("summary.json"))
