@@ -15,10 +15,10 @@ from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from rich.console import Console
 from rich.table import Table
 
+from runner import bench, compiled, preflight
 from runner import compile as compile_settings
-from runner import compiled, preflight
 from runner.compose import build_algorithm_config, default_config_for
-from runner.errors import ConfigError, PreflightError
+from runner.errors import ConfigError, PreflightError, did_you_mean
 from runner.plan import Plan, make_plan
 from runner.results import RESULT_FILES, json_safe, versions, write_json
 from runner.train import (
@@ -34,6 +34,7 @@ console = Console(highlight=False, soft_wrap=True)
 # Overrides that concern one invocation and are never carried into a resumed run.
 _PER_INVOCATION = ("resume", "dry_run")
 OVERRIDES_FILE = "composed_overrides.yaml"
+TASKS = ("train", "inference_bench")
 
 
 def _override_key(override: str) -> str:
@@ -123,6 +124,11 @@ def run(cfg: DictConfig, start_time: float) -> None:
         cfg, checkpoint, overrides = compose_for_resume(cfg)
     (run_dir / OVERRIDES_FILE).write_text(yaml.safe_dump(overrides))
 
+    if cfg.task.name not in TASKS:
+        raise ConfigError(
+            f"unknown task.name '{cfg.task.name}'{did_you_mean(cfg.task.name, TASKS)}; "
+            f"use one of: {', '.join(TASKS)}"
+        )
     config = build_algorithm_config(cfg)
     plan = make_plan(config)
     if cfg.ray.address:
@@ -147,6 +153,10 @@ def run(cfg: DictConfig, start_time: float) -> None:
         return
     if not report.ok:
         raise PreflightError("; ".join(report.problems))
+    if cfg.task.name == "inference_bench":
+        bench.inference_bench(cfg, config, run_dir, resources.cpu_model)
+        console.print(f"done: results in {run_dir}")
+        return
 
     start_ray(cfg.ray, cfg.compile.cache_dir)
     figures = train(cfg, config, run_dir, checkpoint, start_time)

@@ -20,7 +20,7 @@ import torch
 from tensorboardX import SummaryWriter
 
 # Files that mark a run dir as holding results: never written into twice.
-RESULT_FILES = ("metrics.jsonl", "summary.json", "checkpoints")
+RESULT_FILES = ("metrics.jsonl", "summary.json", "checkpoints", "bench.json")
 
 # The headline figures of one iteration, taken from RLlib's result dict.
 HEADLINE = {

@@ -143,12 +143,24 @@ class CheckpointConfig:
 
 
 @dataclass
+class TaskConfig:
+    """What a job does: train, or one of the benchmarks (the bench settings apply to those)."""
+
+    name: str = MISSING  # train | inference_bench | exploration_bench
+    batch_sizes: list[int] = field(default_factory=lambda: [1, 4, 16])
+    iterations: int = 300  # timed calls of each module per batch size
+    burn_in: int = 30
+    threads: int = 1  # torch threads: what Ray gives a 1-CPU EnvRunner
+
+
+@dataclass
 class RunnerConfig:
     hardware: HardwareConfig = MISSING
     compile: CompileConfig = MISSING
     scaling: ScalingConfig = MISSING
     algo: AlgoConfig = MISSING
     env: EnvConfig = MISSING
+    task: TaskConfig = MISSING
     stop: StopConfig = field(default_factory=StopConfig)
     ray: RayConfig = field(default_factory=RayConfig)
     preflight: PreflightConfig = field(default_factory=PreflightConfig)

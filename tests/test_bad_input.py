@@ -40,6 +40,7 @@ CASES = {
     ),
     "onnxrt on Learners": (["compile=onnxrt_default", "compile.learners=true"], "inference only"),
     "ipex without the extra": (["compile=ipex_default"], "pip install -e '.[ipex]'"),
+    "unknown task name": (["task.name=trian"], "unknown task.name 'trian' (did you mean train?)"),
     "RLlib's own check": (["scaling.gym_env_vectorize_mode=asyn"], "gym_env_vectorize_mode"),
 }
 

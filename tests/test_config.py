@@ -12,7 +12,7 @@ from runner.compose import build_algorithm_config
 from runner.errors import ConfigError
 from runner.plan import make_plan
 
-GROUPS = ("hardware", "compile", "scaling", "algo", "env", "experiment")
+GROUPS = ("hardware", "compile", "scaling", "algo", "env", "task", "experiment")
 OPTIONS = [
     (group, path.stem)
     for group in GROUPS

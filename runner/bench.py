@@ -1,0 +1,177 @@
+"""The inference benchmark task, after RLlib's published method (run_inference_bm.py).
+
+The env's default PPO RLModule is built as the runner builds it for the EnvRunners, once
+eager and once compiled exactly as the runner compiles EnvRunner modules. One real
+observation is repeated to each batch size; after a burn-in, eager and compiled
+`forward_exploration` calls alternate one by one under no_grad, so both see the same
+machine. Throughput = 1 / median seconds per call (calls per second, not samples);
+speedup = compiled / eager - 1.
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import torch
+import torch._dynamo
+from omegaconf import DictConfig
+from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+from ray.rllib.core.columns import Columns
+from rich.console import Console
+
+from runner import compile as compile_settings
+from runner.compiled import CompileSpec
+from runner.errors import ConfigError
+from runner.results import write_json
+
+console = Console(highlight=False, soft_wrap=True)
+
+
+def build_module(config: AlgorithmConfig) -> tuple[torch.nn.Module, torch.Tensor]:
+    """The EnvRunner's RLModule for this config, and one real observation of its env."""
+    env = config.env(dict(config.env_config)) if callable(config.env) else gym.make(config.env)
+    try:
+        obs, _ = env.reset(seed=config.seed)
+        module = config.get_rl_module_spec(env=env, inference_only=True).build().eval()
+    finally:
+        env.close()
+    return module, torch.as_tensor(obs)
+
+
+def _timed(module: torch.nn.Module, batch: dict, cuda: bool) -> float:
+    start = time.perf_counter()
+    module.forward_exploration(batch)
+    if cuda:
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def measure(
+    module: torch.nn.Module,
+    obs: torch.Tensor,
+    spec: CompileSpec,
+    batch_sizes: list[int],
+    iterations: int,
+    burn_in: int,
+    cache_dir: str | None = None,
+) -> list[dict[str, Any]]:
+    """Eager vs compiled forward_exploration per batch size, calls alternated one by one.
+
+    Dynamo is reset and inductor gets a fresh cache (unless `cache_dir`), so the first
+    compiled call's seconds are a cold compile. The module's device is used as it is.
+    """
+    torch._dynamo.reset()
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir or tempfile.mkdtemp(prefix="inductor-")
+    device = next(module.parameters()).device
+    cuda = device.type == "cuda"
+    compiled_module = copy.deepcopy(module)
+    compiled_module._forward_exploration = spec.compile(compiled_module._forward_exploration)
+    rows = []
+    for batch_size in batch_sizes:
+        repeated = obs.unsqueeze(0).repeat(batch_size, *[1] * obs.dim())
+        batch = {Columns.OBS: repeated.to(device)}
+        with torch.no_grad():
+            first_call = _timed(compiled_module, batch, cuda)
+            for _ in range(burn_in):
+                _timed(module, batch, cuda)
+                _timed(compiled_module, batch, cuda)
+            eager, compiled = [], []
+            for _ in range(iterations):
+                eager.append(_timed(module, batch, cuda))
+                compiled.append(_timed(compiled_module, batch, cuda))
+        eager_tp, compiled_tp = 1 / statistics.median(eager), 1 / statistics.median(compiled)
+        rows.append(
+            {
+                "backend": spec.backend,
+                "mode": spec.mode or "default",
+                "batch_size": batch_size,
+                "first_call_seconds": first_call,
+                "eager_calls_per_s": eager_tp,
+                "compiled_calls_per_s": compiled_tp,
+                "speedup": compiled_tp / eager_tp - 1,
+            }
+        )
+    return rows
+
+
+def inference_bench(
+    cfg: DictConfig, config: AlgorithmConfig, run_dir: Path, cpu_model: str
+) -> dict[str, Any]:
+    """task=inference_bench: measure, then write bench.json, bench.csv and bench.png."""
+    spec = compile_settings.spec(cfg.compile)
+    if spec is None:
+        raise ConfigError(
+            "task=inference_bench compares an eager with a compiled module: pick a compile "
+            "preset, e.g. compile=inductor_default"
+        )
+    task = cfg.task
+    torch.set_num_threads(task.threads)
+    module, obs = build_module(config)
+    module.to("cuda" if cfg.hardware.accelerator == "cuda" else "cpu")
+    rows = measure(module, obs, spec, list(task.batch_sizes), task.iterations, task.burn_in)
+    for row in rows:
+        console.print(
+            f"batch {row['batch_size']:>3} | first call {row['first_call_seconds']:6.2f} s | "
+            f"eager {row['eager_calls_per_s']:9.1f}/s | compiled "
+            f"{row['compiled_calls_per_s']:9.1f}/s | speedup {row['speedup']:+.1%}"
+        )
+    result = {
+        "task": "inference_bench",
+        "env": cfg.env.id,
+        "backend": spec.backend,
+        "mode": spec.mode or "default",
+        "hardware": cfg.hardware.name,
+        "cpu_model": cpu_model,
+        "gpu_name": torch.cuda.get_device_name() if cfg.hardware.accelerator == "cuda" else None,
+        "torch": torch.__version__,
+        "iterations": task.iterations,
+        "burn_in": task.burn_in,
+        "threads": task.threads,
+        "rows": rows,
+    }
+    write_json(run_dir / "bench.json", result)
+    write_csv(run_dir / "bench.csv", rows)
+    preset = f"{spec.backend}/{spec.mode or 'default'}"
+    plot(run_dir / "bench.png", rows, f"{cfg.env.id}: {preset} vs eager, torch {torch.__version__}")
+    return result
+
+
+def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def plot(path: Path, rows: list[dict[str, Any]], title: str) -> None:
+    """Throughput per batch size, eager vs compiled."""
+    import logging
+
+    import matplotlib
+
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = [r["batch_size"] for r in rows]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(sizes, [r["eager_calls_per_s"] for r in rows], "o-", label="eager")
+    label = f"{rows[0]['backend']}/{rows[0]['mode']}"
+    ax.plot(sizes, [r["compiled_calls_per_s"] for r in rows], "s-", label=label)
+    for r in rows:
+        ax.annotate(f"{r['speedup']:+.0%}", (r["batch_size"], r["compiled_calls_per_s"]))
+    ax.set(xscale="log", xlabel="batch size", ylabel="forward_exploration calls / s")
+    ax.set_xticks(sizes, [str(s) for s in sizes])
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
