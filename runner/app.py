@@ -129,6 +129,8 @@ def run(cfg: DictConfig, start_time: float) -> None:
             f"unknown task.name '{cfg.task.name}'{did_you_mean(cfg.task.name, TASKS)}; "
             f"use one of: {', '.join(TASKS)}"
         )
+    if cfg.task.name == "inference_bench" and not compile_settings.is_enabled(cfg.compile):
+        raise ConfigError(bench.NEEDS_COMPILE)
     config = build_algorithm_config(cfg)
     plan = make_plan(config)
     if cfg.ray.address:

@@ -33,6 +33,10 @@ from runner.errors import ConfigError
 from runner.results import write_json
 
 console = Console(highlight=False, soft_wrap=True)
+NEEDS_COMPILE = (
+    "task=inference_bench compares an eager with a compiled module: pick a compile preset, "
+    "e.g. compile=inductor_default"
+)
 
 
 def build_module(config: AlgorithmConfig) -> tuple[torch.nn.Module, torch.Tensor]:
@@ -108,10 +112,7 @@ def inference_bench(
     """task=inference_bench: measure, then write bench.json, bench.csv and bench.png."""
     spec = compile_settings.spec(cfg.compile)
     if spec is None:
-        raise ConfigError(
-            "task=inference_bench compares an eager with a compiled module: pick a compile "
-            "preset, e.g. compile=inductor_default"
-        )
+        raise ConfigError(NEEDS_COMPILE)
     task = cfg.task
     torch.set_num_threads(task.threads)
     module, obs = build_module(config)
