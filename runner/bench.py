@@ -10,12 +10,14 @@ speedup = compiled / eager - 1.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import csv
 import os
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +60,21 @@ def _timed(module: torch.nn.Module, batch: dict, cuda: bool) -> float:
     return time.perf_counter() - start
 
 
+@contextlib.contextmanager
+def _inductor_cache(cache_dir: str | None) -> Iterator[None]:
+    """TORCHINDUCTOR_CACHE_DIR set to `cache_dir`, or to a fresh dir removed afterwards."""
+    previous = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    with tempfile.TemporaryDirectory(prefix="inductor-") as fresh:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir or fresh
+        try:
+            yield
+        finally:
+            if previous is None:
+                del os.environ["TORCHINDUCTOR_CACHE_DIR"]
+            else:
+                os.environ["TORCHINDUCTOR_CACHE_DIR"] = previous
+
+
 def measure(
     module: torch.nn.Module,
     obs: torch.Tensor,
@@ -73,7 +90,11 @@ def measure(
     compiled call's seconds are a cold compile. The module's device is used as it is.
     """
     torch._dynamo.reset()
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir or tempfile.mkdtemp(prefix="inductor-")
+    with _inductor_cache(cache_dir):
+        return _measure(module, obs, spec, batch_sizes, iterations, burn_in)
+
+
+def _measure(module, obs, spec, batch_sizes, iterations, burn_in) -> list[dict[str, Any]]:
     device = next(module.parameters()).device
     cuda = device.type == "cuda"
     compiled_module = copy.deepcopy(module)
@@ -117,7 +138,15 @@ def inference_bench(
     torch.set_num_threads(task.threads)
     module, obs = build_module(config)
     module.to("cuda" if cfg.hardware.accelerator == "cuda" else "cpu")
-    rows = measure(module, obs, spec, list(task.batch_sizes), task.iterations, task.burn_in)
+    rows = measure(
+        module,
+        obs,
+        spec,
+        list(task.batch_sizes),
+        task.iterations,
+        task.burn_in,
+        cfg.compile.cache_dir,
+    )
     for row in rows:
         console.print(
             f"batch {row['batch_size']:>3} | first call {row['first_call_seconds']:6.2f} s | "
