@@ -15,7 +15,7 @@ from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from rich.console import Console
 from rich.table import Table
 
-from runner import bench, compiled, preflight
+from runner import bench, compiled, exploration, preflight
 from runner import compile as compile_settings
 from runner.compose import build_algorithm_config, default_config_for
 from runner.errors import ConfigError, PreflightError, did_you_mean
@@ -34,7 +34,7 @@ console = Console(highlight=False, soft_wrap=True)
 # Overrides that concern one invocation and are never carried into a resumed run.
 _PER_INVOCATION = ("resume", "dry_run")
 OVERRIDES_FILE = "composed_overrides.yaml"
-TASKS = ("train", "inference_bench")
+TASKS = ("train", "inference_bench", "exploration_bench")
 
 
 def _override_key(override: str) -> str:
@@ -112,6 +112,19 @@ def print_plan(plan: Plan, report: preflight.Report, res: preflight.Resources) -
         console.print(f"preflight would fail: {problem}")
 
 
+def provenance(cfg: DictConfig, resources: preflight.Resources) -> dict[str, Any]:
+    """Where and with what a result was measured, and what it reproduces (for the report)."""
+    choices = HydraConfig.get().runtime.choices
+    reproduction = cfg.get("reproduction")
+    return {
+        "hardware": {"profile": cfg.hardware.name, **vars(resources)},
+        "versions": versions(),
+        "experiment": choices.get("experiment"),
+        "scale": choices.get("scale"),
+        "reproduction": OmegaConf.to_container(reproduction) if reproduction else None,
+    }
+
+
 def run(cfg: DictConfig, start_time: float) -> None:
     """Compose, plan, check, then dry-run or train; every file lands in Hydra's run dir."""
     quiet_ray(cfg.ray.log_level)
@@ -133,6 +146,9 @@ def run(cfg: DictConfig, start_time: float) -> None:
         raise ConfigError(bench.NEEDS_COMPILE)
     config = build_algorithm_config(cfg)
     plan = make_plan(config)
+    if cfg.task.name == "exploration_bench":
+        eager_config = build_algorithm_config(exploration.eager_twin(cfg))
+        plan = plan.copies(2, "x2: an eager and a compiled copy at once")
     if cfg.ray.address:
         start_ray(cfg.ray, cfg.compile.cache_dir)
         resources = preflight.cluster_resources(cfg.ray.address)
@@ -156,22 +172,23 @@ def run(cfg: DictConfig, start_time: float) -> None:
     if not report.ok:
         raise PreflightError("; ".join(report.problems))
     if cfg.task.name == "inference_bench":
-        bench.inference_bench(cfg, config, run_dir, resources.cpu_model)
+        bench.inference_bench(cfg, config, run_dir, provenance(cfg, resources))
         console.print(f"done: results in {run_dir}")
         return
 
     start_ray(cfg.ray, cfg.compile.cache_dir)
+    if cfg.task.name == "exploration_bench":
+        exploration.exploration_bench(
+            cfg, config, eager_config, run_dir, provenance(cfg, resources), start_time
+        )
+        console.print(f"done: results in {run_dir}")
+        return
     figures = train(cfg, config, run_dir, checkpoint, start_time)
     compile_section, compile_line = compiled.summarize(
         compile_settings.spec(cfg.compile), figures.pop("compile_reports")
     )
     console.print(compile_line)
-    summary = {
-        **figures,
-        "compile": compile_section,
-        "hardware": {"profile": cfg.hardware.name, **vars(resources)},
-        "versions": versions(),
-    }
+    summary = {**figures, "compile": compile_section, **provenance(cfg, resources)}
     write_json(run_dir / "summary.json", summary)
     steps = summary["env_steps"]
     console.print(

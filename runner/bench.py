@@ -128,14 +128,15 @@ def _measure(module, obs, spec, batch_sizes, iterations, burn_in) -> list[dict[s
 
 
 def inference_bench(
-    cfg: DictConfig, config: AlgorithmConfig, run_dir: Path, cpu_model: str
+    cfg: DictConfig, config: AlgorithmConfig, run_dir: Path, provenance: dict[str, Any]
 ) -> dict[str, Any]:
     """task=inference_bench: measure, then write bench.json, bench.csv and bench.png."""
     spec = compile_settings.spec(cfg.compile)
     if spec is None:
         raise ConfigError(NEEDS_COMPILE)
     task = cfg.task
-    torch.set_num_threads(task.threads)
+    if task.threads is not None:
+        torch.set_num_threads(task.threads)
     module, obs = build_module(config)
     module.to("cuda" if cfg.hardware.accelerator == "cuda" else "cpu")
     rows = measure(
@@ -158,14 +159,12 @@ def inference_bench(
         "env": cfg.env.id,
         "backend": spec.backend,
         "mode": spec.mode or "default",
-        "hardware": cfg.hardware.name,
-        "cpu_model": cpu_model,
-        "gpu_name": torch.cuda.get_device_name() if cfg.hardware.accelerator == "cuda" else None,
-        "torch": torch.__version__,
         "iterations": task.iterations,
         "burn_in": task.burn_in,
-        "threads": task.threads,
+        "threads": torch.get_num_threads(),
+        "device": str(next(module.parameters()).device),
         "rows": rows,
+        **provenance,
     }
     write_json(run_dir / "bench.json", result)
     write_csv(run_dir / "bench.csv", rows)
@@ -181,8 +180,8 @@ def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
         writer.writerows(rows)
 
 
-def plot(path: Path, rows: list[dict[str, Any]], title: str) -> None:
-    """Throughput per batch size, eager vs compiled."""
+def pyplot() -> Any:
+    """matplotlib.pyplot on the file-only Agg backend, without its debug logging."""
     import logging
 
     import matplotlib
@@ -191,6 +190,12 @@ def plot(path: Path, rows: list[dict[str, Any]], title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def plot(path: Path, rows: list[dict[str, Any]], title: str) -> None:
+    """Throughput per batch size, eager vs compiled."""
+    plt = pyplot()
     sizes = [r["batch_size"] for r in rows]
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot(sizes, [r["eager_calls_per_s"] for r in rows], "o-", label="eager")

@@ -19,7 +19,7 @@ from ray.rllib.algorithms.registry import ALGORITHMS
 from runner import compile as compile_settings
 from runner import compiled
 from runner.compiled import CompileSpec
-from runner.envs import atari_env_creator
+from runner.envs import AtariEnv
 from runner.errors import ConfigError, did_you_mean
 
 # The algo sections, in the order their builders are called.
@@ -93,7 +93,7 @@ def check_scaling(scaling: dict[str, Any]) -> None:
 def _environment_kwargs(env: dict[str, Any]) -> dict[str, Any]:
     if env["atari"]:
         env_config = {"game": env["id"], "framestack": env["framestack"], **env["env_config"]}
-        return {"env": atari_env_creator, "env_config": env_config, **env["environment"]}
+        return {"env": AtariEnv, "env_config": env_config, **env["environment"]}
     return {"env": env["id"], "env_config": env["env_config"], **env["environment"]}
 
 

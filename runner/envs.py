@@ -1,7 +1,7 @@
 """Env construction and env-id checks.
 
-Atari games are built by a plain function, handed to RLlib as the env (RLlib calls a
-callable env with its EnvContext), so no registry has to be filled in every actor.
+Atari games are built by an env class, handed to RLlib as the env (RLlib constructs a
+gym.Env subclass with its EnvContext), so no registry has to be filled in every actor.
 """
 
 from __future__ import annotations
@@ -19,15 +19,22 @@ def _register_ale() -> None:
     gym.register_envs(ale_py)
 
 
-def atari_env_creator(env_context: dict[str, Any]) -> gym.Env:
-    """An ALE game wrapped as RLlib wraps Atari for the new API stack."""
-    from ray.rllib.env.wrappers.atari_wrappers import wrap_atari_for_new_api_stack
+class AtariEnv(gym.Wrapper):
+    """An ALE game wrapped as RLlib wraps Atari for the new API stack.
 
-    _register_ale()
-    kwargs = dict(env_context)
-    game = kwargs.pop("game")
-    framestack = kwargs.pop("framestack")
-    return wrap_atari_for_new_api_stack(gym.make(game, **kwargs), framestack=framestack)
+    A class rather than a function: RLlib's Algorithm takes an env class or a registered
+    id, and a class needs no registration in every actor.
+    """
+
+    def __init__(self, env_context: dict[str, Any]) -> None:
+        from ray.rllib.env.wrappers.atari_wrappers import wrap_atari_for_new_api_stack
+
+        _register_ale()
+        kwargs = dict(env_context)
+        game = kwargs.pop("game")
+        framestack = kwargs.pop("framestack")
+        env = gym.make(game, **kwargs)
+        super().__init__(wrap_atari_for_new_api_stack(env, framestack=framestack))
 
 
 def check_env_id(env_id: str, atari: bool) -> None:

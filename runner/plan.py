@@ -6,7 +6,7 @@ the plan is what RLlib will ask Ray for, labelled by role. Pure: starts nothing.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 
@@ -50,6 +50,16 @@ class Plan:
     @property
     def actor_gpus(self) -> float:
         return self._sum("gpus_each", actors_only=True)
+
+    def copies(self, n: int, why: str) -> Plan:
+        """The actors of `n` such runs driven by one main process (e.g. eager + compiled)."""
+        groups = [
+            replace(g, note=f"{g.note} ({why})")
+            if g.role == "main"
+            else replace(g, count=g.count * n, note=why)
+            for g in self.groups
+        ]
+        return Plan(groups=groups, strategy=self.strategy)
 
     def count(self, role: str) -> int:
         return sum(g.count for g in self.groups if g.role == role)

@@ -100,8 +100,9 @@ def _hardware_problems(cfg: DictConfig, plan: Plan, res: Resources) -> list[str]
     hw = cfg.hardware
     problems = []
     if hw.accelerator == "cuda" and res.gpus == 0:
+        gpu = f"an NVIDIA {hw.gpu_name} GPU" if hw.gpu_name else "an NVIDIA GPU"
         problems.append(
-            f"hardware={hw.name} expects an NVIDIA {hw.gpu_name} GPU but {res.where} has no GPU; "
+            f"hardware={hw.name} expects {gpu} but {res.where} has no GPU; "
             f"use hardware=cpu, connect to a GPU cluster with ray.address=..., {FORCE_HINT}"
         )
     elif (
@@ -191,7 +192,10 @@ def check(cfg: DictConfig, config: AlgorithmConfig, plan: Plan, res: Resources) 
             raise ConfigError(problem)
     report = Report(warnings=compile_settings.validate(cfg.compile))
     cuda_graphs = compile_settings.cuda_graph_warning(cfg.compile, cfg.scaling)
-    if cuda_graphs:
+    # The inference bench puts its module on the profile's device, not on an EnvRunner.
+    if cuda_graphs and not (
+        cfg.task.name == "inference_bench" and cfg.hardware.accelerator == "cuda"
+    ):
         report.warnings.append(cuda_graphs)
     # A hardware problem already names missing GPUs: the GPU count is checked only without one.
     report.problems += _hardware_problems(cfg, plan, res) or _gpu_shortfall(plan, res)
@@ -199,6 +203,10 @@ def check(cfg: DictConfig, config: AlgorithmConfig, plan: Plan, res: Resources) 
     report.problems += cpu_problems
     report.warnings += cpu_warnings
     report.warnings += _learner_placement(config, res)
+    if report.problems and cfg.get("reproduction") and cfg.hardware.accelerator == "cuda":
+        report.problems[-1] += (
+            "; or add scale=local to run this reproduction scaled down on one CPU machine"
+        )
     if not cfg.preflight.strict and report.problems:
         report.warnings += [f"preflight.strict=false, going on: {p}" for p in report.problems]
         report.problems = []

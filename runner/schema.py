@@ -147,10 +147,34 @@ class TaskConfig:
     """What a job does: train, or one of the benchmarks (the bench settings apply to those)."""
 
     name: str = MISSING  # train | inference_bench | exploration_bench
+    # inference_bench: timed forward_exploration calls per module and batch size.
     batch_sizes: list[int] = field(default_factory=lambda: [1, 4, 16])
-    iterations: int = 300  # timed calls of each module per batch size
+    iterations: int = 300
     burn_in: int = 30
-    threads: int = 1  # torch threads: what Ray gives a 1-CPU EnvRunner
+    threads: int | None = 1  # torch threads (1: what Ray gives a 1-CPU EnvRunner; null: torch's)
+    # exploration_bench: training iterations per copy, untimed first, then timed.
+    warmup_iterations: int = 1
+    timed_iterations: int = 3
+
+
+@dataclass
+class ReproductionConfig:
+    """The published result a checked-in experiment reproduces, with its figures as published.
+
+    `published` rows: inference {batch_size, eager_calls_per_s, compiled_calls_per_s, speedup}
+    (speedup a fraction); exploration {speedup} (a fraction of env steps sampled per second).
+    """
+
+    name: str = MISSING
+    kind: str = MISSING  # inference | exploration
+    source: str = MISSING
+    hardware: str = MISSING  # as published: CPU, T4, V100, A100, or a GPU Learner
+    torch: str = MISSING
+    backend: str = MISSING
+    mode: str = MISSING
+    settings: str = ""  # the published run's settings, in words
+    note: str = ""
+    published: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -165,6 +189,8 @@ class RunnerConfig:
     ray: RayConfig = field(default_factory=RayConfig)
     preflight: PreflightConfig = field(default_factory=PreflightConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    # Set only by the reproduction files in conf/experiment/.
+    reproduction: ReproductionConfig | None = None
     seed: int | None = 0
     dry_run: bool = False
     resume: str | None = None
