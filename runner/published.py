@@ -43,6 +43,16 @@ EXPLORATION_TRAINING = {
     "grad_clip": 100,
     "grad_clip_by": "global_norm",
 }
+# Published method settings the report holds against each run's own.
+INFERENCE_SETTINGS = {"iterations": 5000, "burn_in": 500}
+EXPLORATION_SETTINGS = (
+    "num_env_runners",
+    "num_envs_per_env_runner",
+    "num_learners",
+    "num_gpus_per_learner",
+    "train_batch_size",
+    "iterations",
+)
 MODE_SHORT = {"default": "default", "reduce-overhead": "ro", "max-autotune": "ma"}
 HARDWARE_PROFILE = {"CPU": "cpu", "T4": "t4", "V100": "v100", "A100": "a100"}
 EXPERIMENT_DIR = Path(__file__).resolve().parent.parent / "conf" / "experiment"
@@ -53,6 +63,11 @@ def _torch_tag(version: str) -> str:
     if "dev" in version or "nightly" in version:
         return "".join(version.split(".")[:2]) + "n"
     return version.split("+")[0].replace(".", "")
+
+
+def _number(text: str) -> int | float:
+    value = float(text)
+    return int(value) if value.is_integer() else value
 
 
 def _read(name: str) -> list[dict[str, str]]:
@@ -130,7 +145,7 @@ def _inference_experiment(hardware: str, backend: str, mode: str) -> dict:
             {"override /task": "inference_bench"},
         ],
         # Published: 500 burn-in, 5000 timed calls; threads as torch sets them by default.
-        "task": {"iterations": 5000, "burn_in": 500, "threads": None},
+        "task": {**INFERENCE_SETTINGS, "threads": None},
     }
 
 
@@ -149,6 +164,7 @@ def experiments() -> dict[str, tuple[str, dict[str, Any]]]:
             "backend": t.backend,
             "mode": t.mode,
             "settings": INFERENCE_METHOD,
+            "method": dict(INFERENCE_SETTINGS),
             "note": "",
             "published": [dict(r) for r in t.rows],
         }
@@ -170,6 +186,7 @@ def experiments() -> dict[str, tuple[str, dict[str, Any]]]:
             "backend": row["backend"],
             "mode": row["mode"],
             "settings": INFERENCE_METHOD,
+            "method": dict(INFERENCE_SETTINGS),
             "note": _headline_note(row, percent),
             "published": [{"batch_size": 1, "speedup": round(percent / 100, 6)}],
         }
@@ -208,6 +225,7 @@ def experiments() -> dict[str, tuple[str, dict[str, Any]]]:
                 "backend": row["backend"],
                 "mode": row["mode"],
                 "settings": EXPLORATION_METHOD,
+                "method": {k: _number(row[k]) for k in EXPLORATION_SETTINGS},
                 "note": "",
                 "published": [{"speedup": round(float(row["speedup_percent"]) / 100, 6)}],
             },

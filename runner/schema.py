@@ -173,6 +173,8 @@ class ReproductionConfig:
     backend: str = MISSING
     mode: str = MISSING
     settings: str = ""  # the published run's settings, in words
+    # The same settings as numbers, held against the run's own by the report.
+    method: dict[str, Any] = field(default_factory=dict)
     note: str = ""
     published: list[dict[str, Any]] = field(default_factory=list)
 

@@ -61,6 +61,32 @@ def test_remote_env_runner(cli):
     assert result.jsonl("metrics.jsonl")[-1]["env_steps"] >= 800
 
 
+def test_breakout_trains_on_a_remote_env_runner(cli):
+    """The Atari env reaches remote EnvRunners as a class (RLlib refuses a plain function)."""
+    result = cli(
+        "env=breakout",
+        "algo.training.train_batch_size_per_learner=128",
+        "algo.training.minibatch_size=64",
+        "algo.training.num_epochs=1",
+        "scaling.num_env_runners=1",
+        "scaling.num_envs_per_env_runner=1",
+        "stop.iterations=1",
+        "checkpoint.at_end=false",
+    )
+    assert result.returncode == 0, result.stderr
+    row = result.jsonl("metrics.jsonl")[-1]
+    assert row["env_steps"] >= 128
+    assert row["metrics"]["env_runners/num_env_steps_sampled"] >= 128
+
+
+def test_experiment_values_override_the_root_config():
+    """An experiment's `stop` wins over conf/config.yaml's (the root comes first)."""
+    from conftest import compose_config
+
+    assert compose_config([]).stop.iterations == 200
+    assert compose_config(["experiment=pendulum_sac"]).stop.iterations == 100
+
+
 def test_dry_run_of_a_gpu_profile_on_this_machine(cli):
     result = cli("hardware=a100", "compile=inductor_ro", "scaling.num_learners=2", "dry_run=true")
     assert result.returncode == 0, result.stderr

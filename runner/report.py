@@ -1,0 +1,308 @@
+"""The reproduction report: published vs measured, side by side, from saved results.
+
+    python -m runner.report outputs/                      # report.md, report.csv, report.png
+    python -m runner.report outputs/repro --readme README.md   # also refresh the README
+
+Every bench.json under the given paths that came from a reproduction (conf/experiment/) is
+matched with the figures it carries; the latest run of each experiment and scale is
+shown. Each experiment also gets the ways its machine and method differ from the
+published run, so a gap between the two columns can be read for what it is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from runner import published
+from runner.bench import pyplot
+from runner.errors import RunnerError, one_line
+
+COLUMNS = (
+    "experiment",
+    "scale",
+    "kind",
+    "backend",
+    "mode",
+    "batch_size",
+    "published_speedup",
+    "measured_speedup",
+    "published_eager",
+    "published_compiled",
+    "measured_eager",
+    "measured_compiled",
+    "published_on",
+    "measured_on",
+    "differences",
+    "run_dir",
+)
+BEGIN, END = "<!-- {}:begin -->", "<!-- {}:end -->"
+
+
+def _load(path: Path) -> dict[str, Any]:
+    """A bench.json, or one clear error if it is not one this runner wrote."""
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as ex:
+        raise RunnerError(f"report: {path} is not valid JSON ({one_line(ex)})") from ex
+    repro = data.get("reproduction") if isinstance(data, dict) else None
+    if repro:
+        missing = [k for k in ("hardware", "versions") if k not in data]
+        missing += [k for k in ("name", "kind", "published") if k not in repro]
+        if missing:
+            raise RunnerError(
+                f"report: {path} lacks {', '.join(missing)}: not a bench.json this runner wrote"
+            )
+    return data if isinstance(data, dict) else {}
+
+
+def find_results(paths: list[Path]) -> tuple[list[tuple[Path, dict[str, Any]]], int]:
+    """(run dir, bench.json) of the latest run of each reproduction and scale; and how many
+    bench.json files were not reproductions."""
+    latest: dict[tuple[str, str], tuple[float, Path, dict[str, Any]]] = {}
+    others = 0
+    for root in paths:
+        if not root.exists():
+            raise RunnerError(f"report: '{root}' does not exist; pass run or sweep dirs")
+        for path in sorted(root.rglob("bench.json")) if root.is_dir() else [root]:
+            data = _load(path)
+            repro = data.get("reproduction")
+            if not repro:
+                others += 1
+                continue
+            key = (repro["name"], data.get("scale") or "published")
+            mtime = path.stat().st_mtime
+            if key not in latest or mtime > latest[key][0]:
+                latest[key] = (mtime, path.parent, data)
+    found = sorted(latest.values(), key=lambda t: (t[2]["reproduction"]["name"], t[1]))
+    return [(run_dir, data) for _, run_dir, data in found], others
+
+
+def measured_on(data: dict[str, Any]) -> str:
+    hw = data["hardware"]
+    if data.get("device", "cpu").startswith("cuda") and hw.get("gpu_names"):
+        where = hw["gpu_names"][0]
+    else:
+        where = f"{hw.get('cpu_model') or 'CPU'} ({hw['cpus']:g} CPUs)"
+    return f"{where}, torch {data['versions']['torch']}"
+
+
+def differences(data: dict[str, Any]) -> list[str]:
+    """How this run's machine, software and method differ from the published run."""
+    repro = data["reproduction"]
+    hw = data["hardware"]
+    out = []
+    on_gpu = data.get("device", "cpu").startswith("cuda") or (hw.get("gpus", 0) > 0)
+    if repro["kind"] == "inference":
+        if repro["hardware"] == "CPU":
+            out.append(
+                f"CPU: published model not stated by the source; measured on "
+                f"{hw.get('cpu_model') or 'an unnamed CPU'} with {data.get('threads')} torch "
+                "thread(s)"
+            )
+        elif not data.get("device", "cpu").startswith("cuda"):
+            out.append(f"published on an NVIDIA {repro['hardware']} GPU, measured on the CPU")
+        elif hw.get("gpu_names") and repro["hardware"] not in hw["gpu_names"][0]:
+            out.append(f"published on {repro['hardware']}, measured on {hw['gpu_names'][0]}")
+    elif not on_gpu:
+        out.append("published with a GPU Learner, measured with a CPU Learner")
+    torch_here = data["versions"]["torch"]
+    if torch_here.split("+")[0] != repro["torch"].split("+")[0]:
+        out.append(f"torch {torch_here} vs {repro['torch']}")
+    if repro["backend"] == "onnxrt":
+        out.append("onnxrt is the runner's own onnxruntime backend (torch's was removed in 2.9)")
+    for key, value in repro.get("method", {}).items():
+        if key in data and data[key] != value:
+            out.append(f"{key} {data[key]} vs {value}")
+    return out
+
+
+def _speedup_text(value: float | None) -> str:
+    return "" if value is None else f"{value * 100:+.2f} %"
+
+
+def rows_for(run_dir: Path, data: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per published figure: its batch size for inference, one for exploration."""
+    repro = data["reproduction"]
+    common = {
+        "experiment": repro["name"],
+        "scale": data.get("scale") or "published",
+        "kind": repro["kind"],
+        "backend": repro["backend"],
+        "mode": repro["mode"],
+        "published_on": f"{repro['hardware']}, torch {repro['torch']}",
+        "measured_on": measured_on(data),
+        "differences": "; ".join(differences(data)),
+        "run_dir": str(run_dir),
+    }
+    rows = []
+    if repro["kind"] == "exploration":
+        pub = repro["published"][0]
+        rows.append(
+            {
+                **common,
+                "published_speedup": pub["speedup"],
+                "measured_speedup": data.get("speedup"),
+                "measured_eager": data.get("eager_env_steps_per_s"),
+                "measured_compiled": data.get("compiled_env_steps_per_s"),
+            }
+        )
+        return rows
+    measured = {r["batch_size"]: r for r in data["rows"]}
+    for pub in repro["published"]:
+        mine = measured.get(pub["batch_size"], {})
+        rows.append(
+            {
+                **common,
+                "batch_size": pub["batch_size"],
+                "published_speedup": pub["speedup"],
+                "measured_speedup": mine.get("speedup"),
+                "published_eager": pub.get("eager_calls_per_s"),
+                "published_compiled": pub.get("compiled_calls_per_s"),
+                "measured_eager": mine.get("eager_calls_per_s"),
+                "measured_compiled": mine.get("compiled_calls_per_s"),
+            }
+        )
+    return rows
+
+
+def _number(value: float | None) -> str:
+    return "" if value is None else f"{value:,.0f}"
+
+
+def markdown(rows: list[dict[str, Any]], command: str) -> str:
+    """The side-by-side table, then each experiment's differences from the published run."""
+    lines = [
+        f"Generated by `{command}`. Speedup = compiled / eager - 1; inference figures are "
+        "forward_exploration calls per second, exploration figures env steps sampled per "
+        "second.",
+        "",
+        "| experiment | scale | batch | published | measured | measured eager → compiled "
+        "| published on | measured on |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['experiment']} | {r['scale']} | {r.get('batch_size') or ''} | "
+            f"{_speedup_text(r['published_speedup'])} | {_speedup_text(r['measured_speedup'])} | "
+            f"{_number(r['measured_eager'])} → {_number(r['measured_compiled'])} | "
+            f"{r['published_on']} | {r['measured_on']} |"
+        )
+    lines += ["", "Where each run differs from the published one:", ""]
+    seen = set()
+    for r in rows:
+        key = (r["experiment"], r["scale"])
+        if key not in seen:
+            seen.add(key)
+            lines.append(f"- {r['experiment']} ({r['scale']}): {r['differences'] or 'nothing'}")
+    return "\n".join(lines) + "\n"
+
+
+def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def plot(path: Path, rows: list[dict[str, Any]]) -> None:
+    """Published vs measured speedup, one pair of bars per row."""
+    plt = pyplot()
+    labels = [
+        f"{r['experiment']}" + (f" b{r['batch_size']}" if r.get("batch_size") else "") for r in rows
+    ]
+    ys = range(len(rows))
+    fig, ax = plt.subplots(figsize=(8, 1.5 + 0.35 * len(rows)))
+    pub = [100 * (r["published_speedup"] or 0) for r in rows]
+    mea = [100 * (r["measured_speedup"] or 0) for r in rows]
+    ax.barh([y + 0.2 for y in ys], pub, height=0.4, label="published")
+    ax.barh([y - 0.2 for y in ys], mea, height=0.4, label="measured")
+    ax.set_yticks(list(ys), labels, fontsize=7)
+    ax.axvline(0, color="black", linewidth=0.8)
+    ax.invert_yaxis()
+    ax.set_xlabel("speedup, % (compiled / eager - 1)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def experiments_markdown() -> str:
+    """Every checked-in reproduction, with the published figures it carries."""
+    lines = [
+        "Generated by `python -m runner.report ... --readme README.md` from runner/data/.",
+        "",
+        "| experiment | reproduces | published speedup |",
+        "|---|---|---|",
+    ]
+    for name, (title, cfg) in published.experiments().items():
+        figures = ", ".join(
+            (f"b{p['batch_size']} " if "batch_size" in p else "") + _speedup_text(p["speedup"])
+            for p in cfg["reproduction"]["published"]
+        )
+        lines.append(f"| `{name}` | {title} | {figures} |")
+    return "\n".join(lines) + "\n"
+
+
+def replace_block(text: str, name: str, body: str) -> str:
+    """`text` with the lines between the two markers named `name` replaced by `body`."""
+    begin, end = BEGIN.format(name), END.format(name)
+    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
+    if not pattern.search(text):
+        raise RunnerError(f"report: README has no '{begin}' ... '{end}' block to fill")
+    return pattern.sub(lambda _: f"{begin}\n{body}{end}", text)
+
+
+def build(paths: list[Path], out: Path, command: str) -> tuple[list[dict[str, Any]], str]:
+    """Write report.md, report.csv and report.png into `out`; return the rows and Markdown."""
+    results, others = find_results(paths)
+    if not results:
+        raise RunnerError(
+            f"report: no reproduction results (bench.json with a reproduction) under "
+            f"{', '.join(map(str, paths))}; run e.g. python -m runner "
+            "experiment=inference_cpu_201_inductor_default first"
+        )
+    rows = [row for run_dir, data in results for row in rows_for(run_dir, data)]
+    text = markdown(rows, command)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.md").write_text(text)
+    write_csv(out / "report.csv", rows)
+    plot(out / "report.png", rows)
+    skipped = f"; {others} other bench.json skipped" if others else ""
+    print(f"{len(results)} reproduction run(s), {len(rows)} rows{skipped}: {out}/report.md")
+    return rows, text
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m runner.report",
+        description="Published vs measured, from the bench.json files under PATHs.",
+    )
+    parser.add_argument("paths", nargs="+", type=Path, help="run dirs, or dirs holding them")
+    parser.add_argument("--out", type=Path, default=Path("outputs/report"))
+    parser.add_argument("--readme", type=Path, help="also refresh this README's blocks")
+    args = parser.parse_args(argv)
+    shown = ["python -m runner.report", *map(str, args.paths)]
+    if args.readme:
+        shown += ["--readme", str(args.readme)]
+    try:
+        _, text = build(args.paths, args.out, " ".join(shown))
+        if args.readme:
+            readme = args.readme.read_text()
+            readme = replace_block(readme, "reproductions", experiments_markdown())
+            readme = replace_block(readme, "measured", text)
+            args.readme.write_text(readme)
+            print(f"refreshed {args.readme}")
+    except (RunnerError, OSError) as ex:
+        print(f"error: {one_line(ex)}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,281 @@
+"""Reproductions: the generated experiment files, their plans on this machine, the
+exploration benchmark for real, and the report built from saved results."""
+
+from __future__ import annotations
+
+import csv
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import compose_config
+
+from runner import CONFIG_DIR, published, report
+from runner.compose import build_algorithm_config
+from runner.errors import ConfigError
+from runner.exploration import eager_twin
+from runner.plan import make_plan
+from runner.preflight import Resources, check
+
+EXPERIMENTS = list(published.experiments())
+# This machine for preflight, with no GPU, as CI has.
+CPU_MACHINE = Resources(where="this machine", cpus=2, gpus=0, gpu_names=[], cpu_model="test")
+# Small enough for a CartPole iteration in well under a second.
+TINY_PPO = [
+    "env=cartpole",
+    "algo.training.train_batch_size_per_learner=200",
+    "algo.training.minibatch_size=100",
+    "algo.training.num_epochs=1",
+]
+
+
+def test_experiment_files_are_the_generated_ones():
+    """conf/experiment/ holds exactly what runner/data/ generates: no figure typed twice."""
+    on_disk = {
+        p.stem
+        for p in (Path(CONFIG_DIR) / "experiment").glob("*.yaml")
+        if "runner.published --write" in p.read_text()
+    }
+    assert on_disk == set(EXPERIMENTS)
+    for name, (title, cfg) in published.experiments().items():
+        text = (Path(CONFIG_DIR) / "experiment" / f"{name}.yaml").read_text()
+        assert text == published.render(name, title, cfg), "run python -m runner.published --write"
+
+
+def test_every_published_table_and_headline_has_an_experiment():
+    with (published.DATA / "torch_compile_inference_published.csv").open() as f:
+        tables = {(r["hardware"], r["torch"], r["backend"], r["mode"]) for r in csv.DictReader(f)}
+    assert len(tables) == len([n for n in EXPERIMENTS if n.startswith("inference_")])
+    headlines = {n for n in EXPERIMENTS if n.startswith("headline_")}
+    assert headlines == {
+        "headline_cpu_201",
+        "headline_t4_201",
+        "headline_t4_21n",
+        "headline_v100_201",
+        "headline_v100_21n",
+        "headline_a100_21n",
+    }
+    explorations = {n for n in EXPERIMENTS if n.startswith("exploration_")}
+    assert explorations == {
+        f"exploration_{b}_{m}"
+        for b, m in [("onnxrt", "default"), ("onnxrt", "ro"), ("ipex", "default")]
+        + [("ipex", "ro"), ("ipex", "ma")]
+    }
+
+
+def test_published_figures_reach_the_composed_config():
+    cfg = compose_config(["experiment=inference_cpu_201_ipex_default"])
+    rows = {r["batch_size"]: r["speedup"] for r in cfg.reproduction.published}
+    assert rows == {1: pytest.approx(0.3612, abs=1e-4), 4: pytest.approx(0.2312, abs=1e-4)} | {
+        16: pytest.approx(0.1500, abs=1e-4)
+    }
+    assert cfg.hardware.name == "cpu" and cfg.compile.backend == "ipex"
+    assert (cfg.task.name, cfg.task.iterations, cfg.task.burn_in) == ("inference_bench", 5000, 500)
+    assert cfg.env.id == "ALE/Breakout-v5"
+
+
+def test_headline_notes_say_which_appendix_row_has_the_figure():
+    """The summary's V100 2.0.1 figure (92.43 %) is the appendix's max-autotune row."""
+    cfg = compose_config(["experiment=headline_v100_201"])
+    assert cfg.compile.mode == "reduce-overhead"
+    assert cfg.reproduction.published[0].speedup == pytest.approx(0.9243)
+    assert "inductor + max-autotune" in cfg.reproduction.note
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_experiment_plans_and_preflights_on_a_cpu_machine(name: str):
+    """GPU reproductions refuse through the preflight; scale=local makes every one fit."""
+    cfg = compose_config([f"experiment={name}"])
+    config = build_algorithm_config(cfg)
+    plan = make_plan(config)
+    if cfg.task.name == "exploration_bench":
+        build_algorithm_config(eager_twin(cfg))
+        plan = plan.copies(2, "eager + compiled")
+        # Published: "a Ray cluster of at least 129 CPUs (2x64 + 1) and 2 GPUs".
+        assert (plan.total_cpus, plan.total_gpus) == (129, 2)
+    if cfg.compile.backend == "ipex" and not _has_ipex():
+        with pytest.raises(ConfigError, match="intel-extension-for-pytorch"):
+            check(cfg, config, plan, CPU_MACHINE)
+        return
+    result = check(cfg, config, plan, CPU_MACHINE)
+    assert result.ok == (cfg.hardware.accelerator == "cpu" and cfg.task.name != "exploration_bench")
+    if not result.ok:
+        assert result.problems[-1].endswith("scaled down on one CPU machine")
+
+    local = compose_config([f"experiment={name}", "scale=local"])
+    config = build_algorithm_config(local)
+    plan = make_plan(config)
+    if local.task.name == "exploration_bench":
+        plan = plan.copies(2, "eager + compiled")
+    assert check(local, config, plan, CPU_MACHINE).ok
+    assert local.hardware.name == "cpu" and plan.total_gpus == 0
+
+
+def _has_ipex() -> bool:
+    from runner.compile import ipex_problem
+
+    return ipex_problem() is None
+
+
+def test_gpu_reproduction_refuses_in_one_line(cli):
+    result = cli("experiment=headline_a100_21n", timeout=60)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: hardware=a100 expects an NVIDIA A100")
+    assert "scale=local" in lines[0]
+    assert result.seconds < 30
+
+
+def test_exploration_dry_run_plans_both_copies(cli):
+    result = cli("experiment=exploration_onnxrt_default", "dry_run=true", timeout=60)
+    assert result.returncode == 0, result.stderr
+    plan = result.json("plan.json")
+    assert plan["total"] == {"cpus": 129.0, "gpus": 2.0}
+    assert not plan["preflight"]["ok"]
+    assert "preflight would fail: hardware=gpu expects an NVIDIA GPU" in result.stdout
+
+
+def test_exploration_bench_needs_compiled_env_runners(cli):
+    result = cli("task=exploration_bench", timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: task=exploration_bench compares compiled with eager EnvRunners: pick a compile "
+        "preset and keep compile.env_runners=true, e.g. compile=inductor_default"
+    ]
+
+
+@pytest.fixture(scope="module")
+def exploration_run(tmp_path_factory) -> Path:
+    """A real exploration reproduction at local scale, on CartPole for speed: 2 iterations."""
+    cwd = tmp_path_factory.mktemp("exploration")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "runner",
+            "experiment=exploration_onnxrt_default",
+            "scale=local",
+            *TINY_PPO,
+            "task.warmup_iterations=1",
+            "task.timed_iterations=1",
+            "hydra.run.dir=runs/exploration",
+        ],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "speedup" in proc.stdout
+    return cwd / "runs" / "exploration"
+
+
+def test_exploration_bench_writes_both_throughputs(exploration_run: Path):
+    import json
+
+    bench = json.loads((exploration_run / "bench.json").read_text())
+    assert bench["task"] == "exploration_bench" and bench["backend"] == "onnxrt"
+    assert [(r["copy"], r["timed"]) for r in bench["rows"]] == [
+        ("compiled", False),
+        ("eager", False),
+        ("eager", True),
+        ("compiled", True),
+    ]
+    for copy in ("compiled", "eager"):
+        timed = next(r for r in bench["rows"] if r["copy"] == copy and r["timed"])
+        assert bench[f"{copy}_env_steps_per_s"] == pytest.approx(
+            timed["env_steps"] / timed["seconds"]
+        )
+        assert timed["env_steps"] >= 200
+    assert bench["speedup"] == pytest.approx(
+        bench["compiled_env_steps_per_s"] / bench["eager_env_steps_per_s"] - 1
+    )
+    # The compiled copy really compiled its EnvRunner and matched eager after the sync.
+    ran = [c for c in bench["compile"]["components"] if c["calls"] > 0]
+    assert [c["component"] for c in ran] == ["env_runner/1"] and ran[0]["took_effect"]
+    assert bench["compile"]["frames"] >= 1
+    assert all(r["compile_max_abs_diff"] < 1e-4 for r in bench["rows"] if r["copy"] == "compiled")
+    assert bench["num_env_runners"] == 1 and bench["scale"] == "local"
+    assert (exploration_run / "bench.png").read_bytes()[:4] == b"\x89PNG"
+    with (exploration_run / "bench.csv").open() as f:
+        assert len(list(csv.DictReader(f))) == 4
+
+
+@pytest.fixture(scope="module")
+def inference_run(tmp_path_factory) -> Path:
+    cwd = tmp_path_factory.mktemp("inference")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "runner",
+            "experiment=inference_cpu_201_onnxrt_default",
+            "task.iterations=20",
+            "task.burn_in=2",
+            "hydra.run.dir=runs/inference",
+        ],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return cwd / "runs" / "inference"
+
+
+def test_report_puts_published_and_measured_side_by_side(
+    exploration_run: Path, inference_run: Path, tmp_path: Path
+):
+    runs = tmp_path / "runs"
+    for run in (exploration_run, inference_run):
+        shutil.copytree(run, runs / run.name)
+    readme = tmp_path / "README.md"
+    readme.write_text(
+        "# x\n<!-- reproductions:begin -->\nold\n<!-- reproductions:end -->\n"
+        "text kept\n<!-- measured:begin -->\nold\n<!-- measured:end -->\n"
+    )
+    out = tmp_path / "report"
+    code = report.main([str(runs), "--out", str(out), "--readme", str(readme)])
+    assert code == 0
+    md = (out / "report.md").read_text()
+    # The published figures of the matching rows: CPU onnxrt default b1 +34.67 %, and the
+    # PPO exploration onnxrt default -72.34 %.
+    b1 = next(line for line in md.splitlines() if "inference_cpu_201_onnxrt_default" in line)
+    assert "| 1 | +34.67 % |" in b1
+    assert "| -72.34 % |" in next(line for line in md.splitlines() if "exploration_" in line)
+    assert "CPU, torch 2.0.1+cu118" in md and "CPUs), torch " in md
+    with (out / "report.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 3 + 1
+    inference = [r for r in rows if r["kind"] == "inference"]
+    measured = json_rows(inference_run)
+    for row in inference:
+        assert float(row["measured_speedup"]) == pytest.approx(measured[int(row["batch_size"])])
+    exploration = next(r for r in rows if r["kind"] == "exploration")
+    assert "num_env_runners 1 vs 64" in exploration["differences"]
+    assert "GPU Learner" in exploration["differences"]
+    assert "iterations 20 vs 5000" in inference[0]["differences"]
+    assert (out / "report.png").read_bytes()[:4] == b"\x89PNG"
+    text = readme.read_text()
+    assert "old" not in text and "text kept" in text
+    assert "`headline_a100_21n`" in text and "+156.66 %" in text
+    assert "| +34.67 % |" in text
+
+
+def json_rows(run: Path) -> dict[int, float]:
+    import json
+
+    bench = json.loads((run / "bench.json").read_text())
+    return {r["batch_size"]: r["speedup"] for r in bench["rows"]}
+
+
+def test_report_bad_input_is_one_line(tmp_path: Path, capsys):
+    assert report.main([str(tmp_path / "nowhere")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    missing = tmp_path / "nowhere"
+    assert err == [f"error: report: '{missing}' does not exist; pass run or sweep dirs"]
+    assert report.main([str(tmp_path), "--out", str(tmp_path / "out")]) == 2
+    assert "no reproduction results" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
