@@ -116,9 +116,12 @@ def differences(data: dict[str, Any]) -> list[str]:
         out.append(f"torch {torch_here} vs {repro['torch']}")
     if repro["backend"] == "onnxrt":
         out.append("onnxrt is the runner's own onnxruntime backend (torch's was removed in 2.9)")
+    cpu = hw.get("cpu_model") or ""
+    if repro["backend"] == "ipex" and "AMD" in cpu:
+        out.append("ipex is Intel's extension, run here on an AMD CPU")
     for key, value in repro.get("method", {}).items():
         if key in data and data[key] != value:
-            out.append(f"{key} {data[key]} vs {value}")
+            out.append(f"{key} {data[key]:g} vs {value:g}")
     return out
 
 
@@ -288,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--readme", type=Path, help="also refresh this README's blocks")
     args = parser.parse_args(argv)
     shown = ["python -m runner.report", *map(str, args.paths)]
+    if args.out != Path("outputs/report"):
+        shown += ["--out", str(args.out)]
     if args.readme:
         shown += ["--readme", str(args.readme)]
     try:

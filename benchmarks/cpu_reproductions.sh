@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Runs every CPU inference reproduction as published (the appendix's CPU tables and the CPU
+# headline), each into its own run dir under $OUT, then the report over them:
+#   bash benchmarks/cpu_reproductions.sh                       # non-ipex rows
+#   IPEX_PYTHON=.venv-ipex/bin/python bash benchmarks/cpu_reproductions.sh   # ipex rows too
+# EXTRA="scale=local" runs them scaled down; README=README.md refreshes the README's tables.
+set -euo pipefail
+out=${OUT:-outputs/reproductions}
+py=${PYTHON:-python}
+for name in $($py -m runner.published | awk '/^(inference_cpu_|headline_cpu_)/ {print $1}'); do
+  run_py=$py
+  if $py -c "import sys, yaml; sys.exit(yaml.safe_load(open('conf/experiment/$name.yaml'))['reproduction']['backend'] != 'ipex')"; then
+    if [ -z "${IPEX_PYTHON:-}" ]; then
+      echo "skip $name: set IPEX_PYTHON to the ipex environment's python"
+      continue
+    fi
+    run_py=$IPEX_PYTHON
+  fi
+  echo "== $name"
+  $run_py -m runner "experiment=$name" ${EXTRA:-} "hydra.run.dir=$out/$name/$(date +%Y%m%d-%H%M%S)"
+done
+$py -m runner.report "$out" --out "$out/report" ${README:+--readme "$README"}
