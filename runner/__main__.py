@@ -12,9 +12,10 @@ START = time.perf_counter()
 
 import hydra  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402
+from hydra.types import RunMode  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-from runner import CONFIG_DIR  # noqa: E402
+from runner import CONFIG_DIR, sweep  # noqa: E402
 from runner.errors import RunnerError, one_line  # noqa: E402
 from runner.results import RESULT_FILES  # noqa: E402
 from runner.schema import register_configs  # noqa: E402
@@ -22,23 +23,63 @@ from runner.schema import register_configs  # noqa: E402
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
 def _app(cfg: DictConfig) -> None:
+    """One job. In a sweep its outcome goes to job.json, and a failure lets the sweep go on."""
     from runner.app import run
 
+    hydra_cfg = HydraConfig.get()
+    job_dir = Path(hydra_cfg.runtime.output_dir)
+    overrides = list(hydra_cfg.overrides.task)
+    in_sweep = hydra_cfg.mode == RunMode.MULTIRUN
+    job_start = time.perf_counter()
+    if in_sweep and _finished_before(job_dir, overrides):
+        print(f"job {hydra_cfg.job.num}: finished in an earlier run of this sweep, skipped")
+        return
     try:
-        run(cfg, START)
-    except RunnerError as ex:
-        _fail(one_line(ex))
+        totals = run(cfg, START if not in_sweep else job_start)
     except Exception as ex:
-        # A crash (not bad input): one line here, the whole traceback in the run dir.
-        error_file = Path(HydraConfig.get().runtime.output_dir) / "error.txt"
-        error_file.write_text("".join(traceback.format_exception(ex)))
-        _fail(f"{one_line(ex)} (traceback in {error_file})")
+        message = one_line(ex)
+        if not isinstance(ex, RunnerError):
+            # A crash (not bad input): one line here, the whole traceback in the run dir.
+            error_file = job_dir / "error.txt"
+            error_file.write_text("".join(traceback.format_exception(ex)))
+            message = f"{message} (traceback in {error_file})"
+        if not in_sweep:
+            _fail(message)
+        sweep.write_job(job_dir, "failed", overrides, error=message, wall_seconds=_since(job_start))
+        print(f"error: job {hydra_cfg.job.num}: {message}", file=sys.stderr)
+        return
+    if in_sweep:
+        status = "dry_run" if cfg.dry_run else "finished"
+        sweep.write_job(job_dir, status, overrides, wall_seconds=_since(job_start), **totals)
 
 
-def _fail(message: str) -> None:
-    """Print one line and exit 2; SystemExit passes through Hydra without its own banner."""
+def _since(start: float) -> float:
+    return time.perf_counter() - start
+
+
+def _finished_before(job_dir: Path, overrides: list[str]) -> bool:
+    """True if this job dir holds a finished run of the same overrides (a sweep re-run).
+
+    A failed or unfinished earlier attempt is moved into attempt-N/ so the job can run
+    again without losing it."""
+    job = sweep.read_job(job_dir)
+    if job and job["status"] == "finished" and job["overrides"] == overrides:
+        return True
+    leftovers = [p for p in job_dir.iterdir() if p.name in (*RESULT_FILES, sweep.JOB_FILE)]
+    leftovers += [p for p in job_dir.iterdir() if p.name in ("error.txt", "tensorboard")]
+    if leftovers:
+        n = 1 + sum(1 for p in job_dir.glob("attempt-*"))
+        attempt = job_dir / f"attempt-{n}"
+        attempt.mkdir()
+        for p in leftovers:
+            p.rename(attempt / p.name)
+    return False
+
+
+def _fail(message: str, code: int = 2) -> None:
+    """Print one line and exit; SystemExit passes through Hydra without its own banner."""
     print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
+    sys.exit(code)
 
 
 def _refuse_used_run_dir(argv: list[str]) -> None:
@@ -62,6 +103,12 @@ def main() -> None:
         _app()
     except Exception as ex:
         _fail(one_line(ex))
+    summary = sweep.LAST_SUMMARY
+    if summary is not None:
+        failed = [r for r in summary if r["status"] == "failed"]
+        if failed:
+            jobs = ", ".join(r["job"] for r in failed)
+            _fail(f"{len(failed)} of {len(summary)} sweep jobs failed (job {jobs})", 1)
 
 
 if __name__ == "__main__":

@@ -125,8 +125,11 @@ def provenance(cfg: DictConfig, resources: preflight.Resources) -> dict[str, Any
     }
 
 
-def run(cfg: DictConfig, start_time: float) -> None:
-    """Compose, plan, check, then dry-run or train; every file lands in Hydra's run dir."""
+def run(cfg: DictConfig, start_time: float) -> dict[str, Any]:
+    """Compose, plan, check, then dry-run or train; every file lands in Hydra's run dir.
+
+    Returns the plan's CPU and GPU totals, for the job's record in a sweep.
+    """
     quiet_ray(cfg.ray.log_level)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     if any((run_dir / name).exists() for name in RESULT_FILES):
@@ -159,6 +162,7 @@ def run(cfg: DictConfig, start_time: float) -> None:
     write_json(run_dir / "plan.json", {**plan.to_dict(), "preflight": report.to_dict()})
     for warning in report.warnings:
         log.warning(warning)
+    totals = {"cpus": plan.total_cpus, "gpus": plan.total_gpus}
 
     if cfg.dry_run:
         console.rule("resolved config")
@@ -168,13 +172,13 @@ def run(cfg: DictConfig, start_time: float) -> None:
         console.rule("plan")
         print_plan(plan, report, resources)
         console.print(f"dry run: nothing started; files in {run_dir}")
-        return
+        return {**totals, "preflight_problems": report.problems}
     if not report.ok:
         raise PreflightError("; ".join(report.problems))
     if cfg.task.name == "inference_bench":
         bench.inference_bench(cfg, config, run_dir, provenance(cfg, resources))
         console.print(f"done: results in {run_dir}")
-        return
+        return totals
 
     start_ray(cfg.ray, cfg.compile.cache_dir)
     if cfg.task.name == "exploration_bench":
@@ -182,7 +186,7 @@ def run(cfg: DictConfig, start_time: float) -> None:
             cfg, config, eager_config, run_dir, provenance(cfg, resources), start_time
         )
         console.print(f"done: results in {run_dir}")
-        return
+        return totals
     figures = train(cfg, config, run_dir, checkpoint, start_time)
     compile_section, compile_line = compiled.summarize(
         compile_settings.spec(cfg.compile), figures.pop("compile_reports")
@@ -196,3 +200,4 @@ def run(cfg: DictConfig, start_time: float) -> None:
         f"{summary['iterations']} iterations, {steps or 0:,.0f} env steps, "
         f"{summary['wall_seconds']:.1f} s; results in {run_dir}"
     )
+    return totals

@@ -1,0 +1,122 @@
+"""Sweeps with -m, for real: Hydra's multirun over tiny jobs, the summary, failures,
+re-runs that skip finished jobs, and the sweep dry run."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import TINY
+
+from runner import sweep
+
+# One iteration of a few hundred steps: a job takes seconds.
+JOB = [
+    *(o for o in TINY if not o.startswith("scaling.")),
+    "stop.iterations=1",
+    "checkpoint.at_end=false",
+]
+
+
+def run_sweep(cwd: Path, *overrides: str, sweep_dir: str = "sweep") -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "runner", "-m", *overrides, f"hydra.sweep.dir={sweep_dir}"],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def read_summary(sweep_dir: Path) -> list[dict[str, str]]:
+    with (sweep_dir / "summary.csv").open() as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture(scope="module")
+def finished_sweep(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    cwd = tmp_path_factory.mktemp("sweep")
+    proc = run_sweep(cwd, "compile=none,eager", "scaling.num_envs_per_env_runner=1,2", *JOB)
+    return cwd, proc
+
+
+def test_sweep_summarises_every_job(finished_sweep):
+    cwd, proc = finished_sweep
+    assert proc.returncode == 0, proc.stderr
+    rows = read_summary(cwd / "sweep")
+    assert [r["job"] for r in rows] == ["0", "1", "2", "3"]
+    assert {r["status"] for r in rows} == {"finished"}
+    for r in rows:
+        assert float(r["env_steps_per_s"]) > 0 and float(r["wall_seconds"]) > 0
+        assert r["final_episode_return_mean"]
+    # Speedup against the compile=none job with the same other overrides, from their figures.
+    by_overrides = {r["overrides"]: r for r in rows}
+    for r in rows:
+        if "compile=eager" in r["overrides"]:
+            base = by_overrides[r["overrides"].replace("compile=eager", "compile=none")]
+            expected = float(r["env_steps_per_s"]) / float(base["env_steps_per_s"]) - 1
+            assert float(r["speedup"]) == pytest.approx(expected)
+            assert r["compile"] == "eager/default applied"
+        else:
+            assert r["speedup"] == "" and r["compile"] == "off"
+    sweep_dir = cwd / "sweep"
+    for plot in ("throughput_vs_num_envs_per_env_runner.png", "speedup.png"):
+        assert (sweep_dir / plot).read_bytes()[:4] == b"\x89PNG"
+    assert "4 jobs, 0 failed." in (sweep_dir / "summary.md").read_text()
+
+
+def test_rerun_skips_finished_jobs(finished_sweep):
+    cwd, _ = finished_sweep
+    metrics = cwd / "sweep" / "0" / "metrics.jsonl"
+    before = metrics.stat().st_mtime_ns
+    proc = run_sweep(cwd, "compile=none,eager", "scaling.num_envs_per_env_runner=1,2", *JOB)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("finished in an earlier run of this sweep, skipped") == 4
+    assert metrics.stat().st_mtime_ns == before
+    assert len(read_summary(cwd / "sweep")) == 4
+
+
+def test_summary_rebuilds_from_the_sweep_dir(finished_sweep, capsys):
+    cwd, _ = finished_sweep
+    sweep_dir = cwd / "sweep"
+    before = read_summary(sweep_dir)
+    (sweep_dir / "summary.csv").unlink()
+    (sweep_dir / "speedup.png").unlink()
+    assert sweep.main([str(sweep_dir)]) == 0
+    assert read_summary(sweep_dir) == before
+    assert (sweep_dir / "speedup.png").is_file()
+    assert "| compile=eager scaling.num_envs_per_env_runner=2 |" in capsys.readouterr().out
+
+
+def test_failed_job_is_recorded_and_the_rest_run(tmp_path: Path):
+    proc = run_sweep(tmp_path, "scaling.num_envs_per_env_runner=1,0", *JOB)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1] == "error: 1 of 2 sweep jobs failed (job 1)"
+    rows = read_summary(tmp_path / "sweep")
+    assert [r["status"] for r in rows] == ["finished", "failed"]
+    assert rows[1]["error"] == "scaling.num_envs_per_env_runner must be >= 1, got 0"
+    # Running it again retries the failed job only, keeping its first attempt.
+    again = run_sweep(tmp_path, "scaling.num_envs_per_env_runner=1,0", *JOB)
+    assert again.returncode == 1
+    assert again.stdout.count("skipped") == 1
+    assert (tmp_path / "sweep" / "1" / "attempt-1" / "job.json").is_file()
+
+
+def test_sweep_dry_run_plans_every_job_and_runs_none(tmp_path: Path):
+    proc = run_sweep(tmp_path, "hardware=cpu,a100", "scaling.num_env_runners=1,-1", "dry_run=true")
+    assert proc.returncode == 1  # two invalid jobs
+    out = proc.stdout
+    assert "dry run: 4 jobs, 2 invalid" in out
+    assert "hardware=cpu scaling.num_env_runners=1 dry_run=True: 2 CPUs, 0 GPUs" in out
+    assert "scaling.num_env_runners must be >= 0, got -1" in out
+    assert "preflight would fail: hardware=a100 expects an NVIDIA A100 GPU" in out
+    assert not list((tmp_path / "sweep").rglob("metrics.jsonl"))
+    assert [r["status"] for r in read_summary(tmp_path / "sweep")] == [
+        "dry_run",
+        "failed",
+        "dry_run",
+        "failed",
+    ]
