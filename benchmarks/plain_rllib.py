@@ -45,7 +45,9 @@ def main() -> None:
     if args.config_out:
         with open(args.config_out, "w") as f:
             json.dump(config.to_dict(), f, default=repr)
-    ray.init(include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
+    ray.init(
+        address="local", include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False
+    )
     algo = config.build_algo()
     for _ in range(args.iterations):
         result = algo.train()

@@ -46,7 +46,9 @@ def start_ray(ray_cfg: DictConfig, compile_cache_dir: str | None = None) -> None
     if ray_cfg.address:
         ray.init(address=ray_cfg.address, **common)
     else:
+        # "local": a new Ray of its own, never a cluster that happens to run on this machine.
         ray.init(
+            address="local",
             num_cpus=ray_cfg.num_cpus,
             num_gpus=ray_cfg.num_gpus,
             include_dashboard=False,
@@ -94,6 +96,13 @@ def _max_diff(reports: list[dict[str, Any]]) -> float | None:
     return max(diffs) if diffs else None
 
 
+def env_runner_nodes(algo: Algorithm) -> list[str]:
+    """The Ray node id of each remote EnvRunner (on a cluster: where they were placed)."""
+    return algo.env_runner_group.foreach_env_runner(
+        lambda _: ray.get_runtime_context().get_node_id(), local_env_runner=False
+    )
+
+
 def train(
     cfg: DictConfig,
     config: AlgorithmConfig,
@@ -139,6 +148,7 @@ def train(
     finally:
         metrics.close()
         reports = compiled.collect(algo, verify=verify) if rows else []
+        nodes = env_runner_nodes(algo)
         final = _checkpoint_dir(run_dir, algo)
         if rows and cfg.checkpoint.at_end and not final.exists():
             algo.save_to_path(str(final.resolve()))
@@ -160,4 +170,5 @@ def train(
         "resumed_from": str(checkpoint) if checkpoint else None,
         "checkpoint": str(latest_checkpoint(run_dir) or ""),
         "compile_reports": reports,
+        "env_runner_nodes": nodes,
     }
