@@ -120,3 +120,14 @@ def test_sweep_dry_run_plans_every_job_and_runs_none(tmp_path: Path):
         "dry_run",
         "failed",
     ]
+
+
+def test_crash_inside_rllib_is_one_failed_job(tmp_path: Path):
+    """A hidden layer of width 0 makes RLlib's catalog raise IndexError while building."""
+    proc = run_sweep(tmp_path, "+algo.rl_module.model_config.fcnet_hiddens=[8],[0]", *JOB)
+    assert proc.returncode == 1
+    rows = read_summary(tmp_path / "sweep")
+    assert [r["status"] for r in rows] == ["finished", "failed"]
+    error_file = tmp_path / "sweep" / "1" / "error.txt"
+    assert rows[1]["error"] == f"list index out of range (traceback in {error_file})"
+    assert "ray/rllib/core/models" in error_file.read_text()
