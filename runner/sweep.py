@@ -71,6 +71,13 @@ def _compile_choice(overrides: list[str]) -> str:
     return "none"
 
 
+def _compile_off(overrides: list[str]) -> bool:
+    """True for a job that ran with compile=none and no compile.* setting of its own."""
+    return _compile_choice(overrides) == "none" and not any(
+        _is_compile_override(o) and o.split("=", 1)[0] != "compile" for o in overrides
+    )
+
+
 def _read_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.is_file() else {}
 
@@ -118,7 +125,7 @@ def _add_speedups(rows: list[dict[str, Any]]) -> None:
     baselines = {
         tuple(sorted(o for o in r["_overrides"] if not _is_compile_override(o))): r
         for r in rows
-        if _compile_choice(r["_overrides"]) == "none" and r.get("env_steps_per_s")
+        if _compile_off(r["_overrides"]) and r.get("env_steps_per_s")
     }
     for r in rows:
         if r.get("speedup") is not None or not r.get("env_steps_per_s"):
@@ -203,39 +210,57 @@ def _swept_axes(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def plot(sweep_dir: Path, rows: list[dict[str, Any]]) -> list[Path]:
-    """Throughput against each swept scaling axis (a line per compile preset), and the
-    speedup per compile preset."""
+    """Throughput against each swept scaling axis, and the speedups of every job."""
     from runner.bench import pyplot
 
     plt = pyplot()
     written = []
     done = [r for r in rows if r.get("env_steps_per_s")]
+    keys = swept(rows)
     for axis in _swept_axes(done):
+        # A line per combination of the other swept overrides (the compile preset among them).
+        lines: dict[str, list[tuple[Any, float]]] = {}
+        for r in done:
+            others = _label(r, keys - {axis}) if keys - {axis} else "all jobs"
+            lines.setdefault(others, []).append((_axis_value(r, axis), r["env_steps_per_s"]))
         fig, ax = plt.subplots(figsize=(6, 4))
-        for preset in sorted({_compile_choice(r["_overrides"]) for r in done}):
-            points = sorted(
-                (_axis_value(r, axis), r["env_steps_per_s"])
-                for r in done
-                if _compile_choice(r["_overrides"]) == preset
-            )
-            ax.plot([p[0] for p in points], [p[1] for p in points], "o-", label=f"compile={preset}")
+        for label, points in sorted(lines.items()):
+            points.sort()
+            ax.plot([p[0] for p in points], [p[1] for p in points], "o-", label=label)
         ax.set(xlabel=axis, ylabel="env steps / s")
-        ax.legend()
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.legend(fontsize=7)
         fig.tight_layout()
         path = sweep_dir / f"throughput_vs_{axis.replace('scaling.', '').replace('=', '')}.png"
         fig.savefig(path, dpi=100)
         plt.close(fig)
         written.append(path)
-    with_speedup = [r for r in rows if r.get("speedup") is not None]
+    # One bar per job and speedup column: vs compile=none for training jobs, vs eager per
+    # batch size for the inference bench.
+    columns = sorted(
+        {k for r in rows for k in r if k.startswith("speedup") and r[k] is not None},
+        key=lambda k: int(k.removeprefix("speedup_b")) if k != "speedup" else 0,
+    )
+    with_speedup = [r for r in rows if any(r.get(c) is not None for c in columns)]
     if with_speedup:
-        fig, ax = plt.subplots(figsize=(6, 1.5 + 0.35 * len(with_speedup)))
-        keys = swept(rows)
-        labels = [_label(r, keys) for r in with_speedup]
-        ax.barh(range(len(labels)), [100 * r["speedup"] for r in with_speedup])
-        ax.set_yticks(range(len(labels)), labels, fontsize=7)
+        fig, ax = plt.subplots(figsize=(7, 1.5 + 0.3 * len(with_speedup) * len(columns)))
+        height = 0.8 / len(columns)
+        for i, column in enumerate(columns):
+            ax.barh(
+                [y + i * height for y in range(len(with_speedup))],
+                [100 * (r.get(column) or 0) for r in with_speedup],
+                height=height,
+                label=column,
+            )
+        ax.set_yticks(
+            [y + 0.4 - height / 2 for y in range(len(with_speedup))],
+            [_label(r, keys) for r in with_speedup],
+            fontsize=7,
+        )
         ax.axvline(0, color="black", linewidth=0.8)
         ax.invert_yaxis()
-        ax.set_xlabel("speedup vs compile=none, %")
+        ax.set_xlabel("speedup, % (vs compile=none; benchmarks: vs their eager copy)")
+        ax.legend(fontsize=7)
         fig.tight_layout()
         path = sweep_dir / "speedup.png"
         fig.savefig(path, dpi=100)

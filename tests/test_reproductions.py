@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import csv
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import compose_config
+from conftest import compose_config, run_cli
 
 from runner import CONFIG_DIR, published, report
 from runner.compose import build_algorithm_config
@@ -149,27 +147,18 @@ def test_exploration_bench_needs_compiled_env_runners(cli):
 @pytest.fixture(scope="module")
 def exploration_run(tmp_path_factory) -> Path:
     """A real exploration reproduction at local scale, on CartPole for speed: 2 iterations."""
-    cwd = tmp_path_factory.mktemp("exploration")
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "runner",
-            "experiment=exploration_onnxrt_default",
-            "scale=local",
-            *TINY_PPO,
-            "task.warmup_iterations=1",
-            "task.timed_iterations=1",
-            "hydra.run.dir=runs/exploration",
-        ],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    result = run_cli(
+        tmp_path_factory.mktemp("exploration"),
+        "experiment=exploration_onnxrt_default",
+        "scale=local",
+        *TINY_PPO,
+        "task.warmup_iterations=1",
+        "task.timed_iterations=1",
+        run_dir="runs/exploration",
     )
-    assert proc.returncode == 0, proc.stderr
-    assert "speedup" in proc.stdout
-    return cwd / "runs" / "exploration"
+    assert result.returncode == 0, result.stderr
+    assert "speedup" in result.stdout
+    return result.run_dir
 
 
 def test_exploration_bench_writes_both_throughputs(exploration_run: Path):
@@ -205,24 +194,15 @@ def test_exploration_bench_writes_both_throughputs(exploration_run: Path):
 
 @pytest.fixture(scope="module")
 def inference_run(tmp_path_factory) -> Path:
-    cwd = tmp_path_factory.mktemp("inference")
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "runner",
-            "experiment=inference_cpu_201_onnxrt_default",
-            "task.iterations=20",
-            "task.burn_in=2",
-            "hydra.run.dir=runs/inference",
-        ],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    result = run_cli(
+        tmp_path_factory.mktemp("inference"),
+        "experiment=inference_cpu_201_onnxrt_default",
+        "task.iterations=20",
+        "task.burn_in=2",
+        run_dir="runs/inference",
     )
-    assert proc.returncode == 0, proc.stderr
-    return cwd / "runs" / "inference"
+    assert result.returncode == 0, result.stderr
+    return result.run_dir
 
 
 def test_report_puts_published_and_measured_side_by_side(

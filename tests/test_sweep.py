@@ -131,3 +131,23 @@ def test_crash_inside_rllib_is_one_failed_job(tmp_path: Path):
     error_file = tmp_path / "sweep" / "1" / "error.txt"
     assert rows[1]["error"] == f"list index out of range (traceback in {error_file})"
     assert "ray/rllib/core/models" in error_file.read_text()
+
+
+def test_speedup_baseline_is_the_compile_none_job_with_equal_overrides():
+    def row(*overrides: str, steps: float) -> dict:
+        return {"_overrides": list(overrides), "env_steps_per_s": steps}
+
+    rows = [
+        row("compile=none", "scaling.num_env_runners=1", steps=100.0),
+        row("compile=eager", "scaling.num_env_runners=1", steps=150.0),
+        row("compile=eager", "scaling.num_env_runners=2", steps=150.0),  # no baseline
+        row("compile.backend=eager", "compile.env_runners=true", steps=80.0),
+        row(steps=50.0),  # the defaults: compile=none
+    ]
+    sweep._add_speedups(rows)
+    assert rows[1]["speedup"] == pytest.approx(0.5)
+    assert "speedup" not in rows[2] and "speedup" not in rows[0]
+    # compile.* settings without a compile= override still compile: not a baseline...
+    assert "speedup" not in rows[4]
+    # ...and they are measured against the job without them.
+    assert rows[3]["speedup"] == pytest.approx(80 / 50 - 1)
