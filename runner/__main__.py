@@ -65,14 +65,17 @@ def _finished_before(job_dir: Path, overrides: list[str]) -> bool:
     job = sweep.read_job(job_dir)
     if job and job["status"] == "finished" and job["overrides"] == overrides:
         return True
-    leftovers = [p for p in job_dir.iterdir() if p.name in (*RESULT_FILES, sweep.JOB_FILE)]
-    leftovers += [p for p in job_dir.iterdir() if p.name in ("error.txt", "tensorboard")]
+    if job and job["status"] == "dry_run":
+        (job_dir / sweep.JOB_FILE).unlink()  # a plan only: nothing to keep
+    kept = (*RESULT_FILES, sweep.JOB_FILE, "error.txt", "tensorboard")
+    leftovers = [p for p in job_dir.iterdir() if p.name in kept]
     if leftovers:
-        n = 1 + sum(1 for p in job_dir.glob("attempt-*"))
-        attempt = job_dir / f"attempt-{n}"
+        attempt = job_dir / f"attempt-{1 + len(list(job_dir.glob('attempt-*')))}"
         attempt.mkdir()
         for p in leftovers:
             p.rename(attempt / p.name)
+        status = job["status"] if job else "unfinished"
+        print(f"{job_dir}: the earlier {status} attempt's files are kept in {attempt.name}/")
     return False
 
 

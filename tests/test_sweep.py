@@ -102,6 +102,7 @@ def test_failed_job_is_recorded_and_the_rest_run(tmp_path: Path):
     again = run_sweep(tmp_path, "scaling.num_envs_per_env_runner=1,0", *JOB)
     assert again.returncode == 1
     assert again.stdout.count("skipped") == 1
+    assert "the earlier failed attempt's files are kept in attempt-1/" in again.stdout
     assert (tmp_path / "sweep" / "1" / "attempt-1" / "job.json").is_file()
 
 
@@ -151,3 +152,12 @@ def test_speedup_baseline_is_the_compile_none_job_with_equal_overrides():
     assert "speedup" not in rows[4]
     # ...and they are measured against the job without them.
     assert rows[3]["speedup"] == pytest.approx(80 / 50 - 1)
+
+
+def test_sweep_after_its_dry_run_runs_every_job(tmp_path: Path):
+    assert run_sweep(tmp_path, "compile=none", *JOB, "dry_run=true").returncode == 0
+    assert read_summary(tmp_path / "sweep")[0]["status"] == "dry_run"
+    proc = run_sweep(tmp_path, "compile=none", *JOB)
+    assert proc.returncode == 0, proc.stderr
+    assert read_summary(tmp_path / "sweep")[0]["status"] == "finished"
+    assert not list((tmp_path / "sweep" / "0").glob("attempt-*"))
