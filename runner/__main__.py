@@ -48,9 +48,21 @@ def _app(cfg: DictConfig) -> None:
         sweep.write_job(job_dir, "failed", overrides, error=message, wall_seconds=_since(job_start))
         print(f"error: job {hydra_cfg.job.num}: {message}", file=sys.stderr)
         return
+    finally:
+        if in_sweep:
+            _end_job()
     if in_sweep:
         status = "dry_run" if cfg.dry_run else "finished"
         sweep.write_job(job_dir, status, overrides, wall_seconds=_since(job_start), **totals)
+
+
+def _end_job() -> None:
+    """Leave no Ray behind: the next job of a sweep (same process under the basic and the
+    joblib launcher) starts its own, with its own ray.address and ray.num_cpus."""
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
 
 
 def _since(start: float) -> float:

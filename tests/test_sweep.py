@@ -4,6 +4,7 @@ re-runs that skip finished jobs, and the sweep dry run."""
 from __future__ import annotations
 
 import csv
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -161,3 +162,16 @@ def test_sweep_after_its_dry_run_runs_every_job(tmp_path: Path):
     assert proc.returncode == 0, proc.stderr
     assert read_summary(tmp_path / "sweep")[0]["status"] == "finished"
     assert not list((tmp_path / "sweep" / "0").glob("attempt-*"))
+
+
+def test_each_job_gets_a_ray_of_its_own(tmp_path: Path):
+    """Jobs share a process under Hydra's launchers; each still starts (and stops) its Ray,
+    so its own ray.* settings apply: the EnvRunners of the two jobs sit on different nodes."""
+    proc = run_sweep(tmp_path, "compile=none,eager", "scaling.num_env_runners=1", *JOB)
+    assert proc.returncode == 0, proc.stderr
+    nodes = [
+        json.loads((tmp_path / "sweep" / job / "summary.json").read_text())["env_runner_nodes"]
+        for job in ("0", "1")
+    ]
+    assert len(nodes[0]) == len(nodes[1]) == 1
+    assert nodes[0] != nodes[1]
