@@ -26,6 +26,7 @@ from runner import compiled
 from runner.bench import write_csv
 from runner.errors import ConfigError
 from runner.results import headline, write_json
+from runner.train import max_diff
 
 console = Console(highlight=False, soft_wrap=True)
 NEEDS_ENV_RUNNER_COMPILE = (
@@ -44,12 +45,6 @@ def eager_twin(cfg: DictConfig) -> DictConfig:
     twin.compile.env_runners = False
     twin.compile.learners = False
     return twin
-
-
-def _max_diff(algo: Any) -> float | None:
-    diffs = [r["max_abs_diff"] for r in compiled.env_runner_reports(algo, True)]
-    diffs = [d for d in diffs if d is not None]
-    return max(diffs) if diffs else None
 
 
 def _run_rounds(
@@ -72,7 +67,11 @@ def _run_rounds(
                 "seconds": seconds,
                 "env_steps_per_s": steps / seconds,
                 "episode_return_mean": head["episode_return_mean"],
-                "compile_max_abs_diff": _max_diff(algos[name]) if name == "compiled" else None,
+                "compile_max_abs_diff": (
+                    max_diff(compiled.env_runner_reports(algos[name], True))
+                    if name == "compiled"
+                    else None
+                ),
             }
             rows.append(row)
             console.print(

@@ -91,7 +91,7 @@ def _checkpoint_dir(run_dir: Path, algo: Algorithm) -> Path:
     return run_dir / "checkpoints" / f"iter_{algo.iteration:06d}"
 
 
-def _max_diff(reports: list[dict[str, Any]]) -> float | None:
+def max_diff(reports: list[dict[str, Any]]) -> float | None:
     diffs = [r["max_abs_diff"] for r in reports if r["max_abs_diff"] is not None]
     return max(diffs) if diffs else None
 
@@ -130,7 +130,7 @@ def train(
             result = algo.train()
             row = headline(result, time.perf_counter() - start_time)
             if verify:
-                row["compile_max_abs_diff"] = _max_diff(compiled.env_runner_reports(algo, True))
+                row["compile_max_abs_diff"] = max_diff(compiled.env_runner_reports(algo, True))
             rows.append(row)
             metrics.write(row, result)
             print_row(row)
