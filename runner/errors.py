@@ -62,9 +62,14 @@ def one_line(ex: BaseException) -> str:
         group = (ex.missing_cfg_file or "").rsplit("/", 1)
         if len(group) == 2 and ex.options:
             options = _options_of(ex)
+            listed = (
+                f"choose one of: {', '.join(options)}"
+                if len(options) <= 20
+                else f"{len(options)} options, listed by `python -m runner --help`"
+            )
             return (
                 f"unknown option '{group[1]}' for config group '{group[0]}'"
-                f"{did_you_mean(group[1], options)}; choose one of: {', '.join(options)}"
+                f"{did_you_mean(group[1], options)}; {listed}"
             )
         return _squash(str(ex))
     if isinstance(ex, OverrideParseException):

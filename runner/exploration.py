@@ -36,10 +36,20 @@ NEEDS_ENV_RUNNER_COMPILE = (
 COPIES = ("compiled", "eager")
 
 
-def eager_twin(cfg: DictConfig) -> DictConfig:
-    """The same composed config with compile off: the benchmark's eager copy."""
+def validate(cfg: DictConfig) -> None:
+    """Bad exploration_bench settings, caught before anything is built or started."""
     if not (compile_settings.is_enabled(cfg.compile) and cfg.compile.env_runners):
         raise ConfigError(NEEDS_ENV_RUNNER_COMPILE)
+    if cfg.task.timed_iterations < 1 or cfg.task.warmup_iterations < 0:
+        raise ConfigError(
+            "task.timed_iterations must be >= 1 and task.warmup_iterations >= 0, got "
+            f"{cfg.task.timed_iterations} and {cfg.task.warmup_iterations}"
+        )
+
+
+def eager_twin(cfg: DictConfig) -> DictConfig:
+    """The same composed config with compile off: the benchmark's eager copy."""
+    validate(cfg)
     twin = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     twin.compile.backend = None
     twin.compile.env_runners = False
@@ -105,11 +115,6 @@ def exploration_bench(
 ) -> dict[str, Any]:
     """task=exploration_bench: run both copies, then write bench.json, bench.csv, bench.png."""
     task = cfg.task
-    if task.timed_iterations < 1 or task.warmup_iterations < 0:
-        raise ConfigError(
-            "task.timed_iterations must be >= 1 and task.warmup_iterations >= 0, got "
-            f"{task.timed_iterations} and {task.warmup_iterations}"
-        )
     spec = compile_settings.spec(cfg.compile)
     algos = {"compiled": config.build_algo(), "eager": eager_config.build_algo()}
     try:

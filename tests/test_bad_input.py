@@ -42,6 +42,16 @@ CASES = {
     "ipex without the extra": (["compile=ipex_default"], "pip install -e '.[ipex]'"),
     "unknown task name": (["task.name=trian"], "unknown task.name 'trian' (did you mean train?)"),
     "RLlib's own check": (["scaling.gym_env_vectorize_mode=asyn"], "gym_env_vectorize_mode"),
+    "unknown scale option": (["scale=locl"], "unknown option 'locl' for config group 'scale'"),
+    "unknown experiment": (["experiment=headline_a100"], "for config group 'experiment'"),
+    "exploration bench without timed iterations": (
+        ["task=exploration_bench", "compile=eager", "task.timed_iterations=0"],
+        "task.timed_iterations must be >= 1",
+    ),
+    "exploration reproduction on this CPU machine": (
+        ["experiment=exploration_onnxrt_default"],
+        "or add scale=local",
+    ),
 }
 
 
