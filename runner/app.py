@@ -21,6 +21,7 @@ from runner.compose import build_algorithm_config, default_config_for
 from runner.errors import ConfigError, PreflightError, did_you_mean
 from runner.plan import Plan, make_plan
 from runner.results import RESULT_FILES, json_safe, versions, write_json
+from runner.sweep import override_key
 from runner.train import (
     CHECKPOINT_FILE,
     latest_checkpoint,
@@ -37,15 +38,11 @@ OVERRIDES_FILE = "composed_overrides.yaml"
 TASKS = ("train", "inference_bench", "exploration_bench")
 
 
-def _override_key(override: str) -> str:
-    return override.split("=", 1)[0].lstrip("+~")
-
-
 def _merge_overrides(saved: list[str], current: list[str]) -> list[str]:
     """Saved overrides with the current ones on top (one value per key, later wins)."""
     merged: dict[str, str] = {}
     for override in saved + current:
-        key = _override_key(override)
+        key = override_key(override)
         if key not in _PER_INVOCATION:
             merged[key] = override
     return list(merged.values())

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import csv
 import os
 import statistics
 import tempfile
@@ -32,7 +31,7 @@ from rich.console import Console
 from runner import compile as compile_settings
 from runner.compiled import CompileSpec
 from runner.errors import ConfigError
-from runner.results import write_json
+from runner.results import write_csv, write_json
 
 console = Console(highlight=False, soft_wrap=True)
 NEEDS_COMPILE = (
@@ -171,13 +170,6 @@ def inference_bench(
     preset = f"{spec.backend}/{spec.mode or 'default'}"
     plot(run_dir / "bench.png", rows, f"{cfg.env.id}: {preset} vs eager, torch {torch.__version__}")
     return result
-
-
-def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
 
 
 def pyplot() -> Any:

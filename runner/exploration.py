@@ -23,9 +23,8 @@ from rich.console import Console
 
 from runner import compile as compile_settings
 from runner import compiled
-from runner.bench import write_csv
 from runner.errors import ConfigError
-from runner.results import headline, write_json
+from runner.results import headline, write_csv, write_json
 from runner.train import max_diff
 
 console = Console(highlight=False, soft_wrap=True)

@@ -12,7 +12,6 @@ published run, so a gap between the two columns can be read for what it is.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import re
 import sys
@@ -22,6 +21,7 @@ from typing import Any
 from runner import published
 from runner.bench import pyplot
 from runner.errors import RunnerError, one_line
+from runner.results import write_csv
 
 COLUMNS = (
     "experiment",
@@ -206,13 +206,6 @@ def markdown(rows: list[dict[str, Any]], command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
-
-
 def plot(path: Path, rows: list[dict[str, Any]]) -> None:
     """Published vs measured speedup, one pair of bars per row."""
     plt = pyplot()
@@ -274,7 +267,7 @@ def build(paths: list[Path], out: Path, command: str) -> tuple[list[dict[str, An
     text = markdown(rows, command)
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.md").write_text(text)
-    write_csv(out / "report.csv", rows)
+    write_csv(out / "report.csv", rows, COLUMNS)
     plot(out / "report.png", rows)
     skipped = f"; {others} other bench.json skipped" if others else ""
     print(f"{len(results)} reproduction run(s), {len(rows)} rows{skipped}: {out}/report.md")

@@ -6,6 +6,7 @@ Ctrl-C loses at most the iteration in flight.
 
 from __future__ import annotations
 
+import csv
 import enum
 import json
 import math
@@ -56,6 +57,14 @@ def json_safe(value: Any) -> Any:
 
 def write_json(path: Path, data: Any) -> None:
     path.write_text(json.dumps(json_safe(data), indent=2, sort_keys=True) + "\n")
+
+
+def write_csv(path: Path, rows: list[dict[str, Any]], columns: Any = None) -> None:
+    """`rows` as CSV: `columns` (default: the first row's keys); other keys are left out."""
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(columns or rows[0]), extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
 
 
 def flatten_numbers(result: dict, prefix: str = "") -> dict[str, float]:

@@ -9,7 +9,6 @@ reads the job dirs and writes `summary.csv`, `summary.md` and plots into the swe
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from runner.errors import RunnerError, one_line
+from runner.results import write_csv
 
 JOB_FILE = "job.json"
 # Set by SweepSummary when a multirun ends, read by __main__ for the exit code.
@@ -58,23 +58,33 @@ def _overrides(job_dir: Path) -> list[str]:
     return yaml.safe_load(path.read_text()) or [] if path.is_file() else []
 
 
+def override_key(override: str) -> str:
+    """'+a.b=1' -> 'a.b': the config key an override sets."""
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def _value(overrides: list[str], key: str) -> str | None:
+    """The value `overrides` give `key`, or None."""
+    for o in overrides:
+        if override_key(o) == key:
+            return o.split("=", 1)[1] if "=" in o else None
+    return None
+
+
 def _is_compile_override(override: str) -> bool:
-    key = override.split("=", 1)[0].lstrip("+~")
+    key = override_key(override)
     return key == "compile" or key.startswith("compile.")
 
 
 def _compile_choice(overrides: list[str]) -> str:
     """The compile preset a job ran with: its compile=... override, else the default."""
-    for o in overrides:
-        if o.split("=", 1)[0] == "compile":
-            return o.split("=", 1)[1]
-    return "none"
+    return _value(overrides, "compile") or "none"
 
 
 def _compile_off(overrides: list[str]) -> bool:
     """True for a job that ran with compile=none and no compile.* setting of its own."""
     return _compile_choice(overrides) == "none" and not any(
-        _is_compile_override(o) and o.split("=", 1)[0] != "compile" for o in overrides
+        _is_compile_override(o) and override_key(o) != "compile" for o in overrides
     )
 
 
@@ -152,10 +162,7 @@ def summarize(sweep_dir: Path) -> list[dict[str, Any]]:
     extra = {k for r in rows for k in r if k.startswith("speedup_b")}
     extra = sorted(extra, key=lambda k: int(k.removeprefix("speedup_b")))
     columns = [*COLUMNS, *extra]
-    with (sweep_dir / "summary.csv").open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(sweep_dir / "summary.csv", rows, columns)
     (sweep_dir / "summary.md").write_text(markdown(rows, columns))
     plot(sweep_dir, rows)
     return rows
@@ -171,18 +178,22 @@ def _cell(column: str, value: Any) -> str:
     return str(value).replace("|", "\\|")
 
 
-def swept(rows: list[dict[str, Any]]) -> set[str]:
-    """Override keys whose values differ between the jobs: what the sweep varied."""
+def _values(rows: list[dict[str, Any]]) -> dict[str, set[str]]:
+    """Every override key of the jobs, with the values it takes across them."""
     values: dict[str, set[str]] = {}
     for r in rows:
         for o in r["_overrides"]:
-            key, _, value = o.partition("=")
-            values.setdefault(key, set()).add(value)
-    return {k for k, v in values.items() if len(v) > 1 or len(rows) == 1}
+            values.setdefault(override_key(o), set()).add(o.partition("=")[2])
+    return values
+
+
+def swept(rows: list[dict[str, Any]]) -> set[str]:
+    """Override keys whose values differ between the jobs: what the sweep varied."""
+    return {k for k, v in _values(rows).items() if len(v) > 1 or len(rows) == 1}
 
 
 def _label(row: dict[str, Any], keys: set[str]) -> str:
-    return " ".join(o for o in row["_overrides"] if o.partition("=")[0] in keys) or "(defaults)"
+    return " ".join(o for o in row["_overrides"] if override_key(o) in keys) or "(defaults)"
 
 
 def markdown(rows: list[dict[str, Any]], columns: list[str]) -> str:
@@ -200,13 +211,7 @@ def markdown(rows: list[dict[str, Any]], columns: list[str]) -> str:
 
 def _swept_axes(rows: list[dict[str, Any]]) -> list[str]:
     """Scaling keys that take more than one value across the jobs."""
-    values: dict[str, set[str]] = {}
-    for r in rows:
-        for o in r["_overrides"]:
-            key, _, value = o.partition("=")
-            if key.startswith("scaling"):
-                values.setdefault(key, set()).add(value)
-    return [k for k, v in values.items() if len(v) > 1]
+    return sorted(k for k, v in _values(rows).items() if k.startswith("scaling") and len(v) > 1)
 
 
 def plot(sweep_dir: Path, rows: list[dict[str, Any]]) -> list[Path]:
@@ -270,14 +275,11 @@ def plot(sweep_dir: Path, rows: list[dict[str, Any]]) -> list[Path]:
 
 
 def _axis_value(row: dict[str, Any], axis: str) -> float | str:
-    for o in row["_overrides"]:
-        key, _, value = o.partition("=")
-        if key == axis:
-            try:
-                return float(value)
-            except ValueError:
-                return value
-    return ""
+    value = _value(row["_overrides"], axis) or ""
+    try:
+        return float(value)
+    except ValueError:
+        return value
 
 
 class SweepSummary(Callback):
