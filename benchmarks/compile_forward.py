@@ -1,7 +1,7 @@
 """Compile seconds and forward_exploration speed of the runner's PPO modules, per backend.
 
 The inference benchmark task (`python -m runner task=inference_bench compile=...`, see
-runner/bench.py) for several envs and every backend available in this torch, in one
+runner/tasks/inference_bench.py) for several envs and every backend available in this torch, in one
 process and one table. Each backend gets a cold inductor cache.
 
     python benchmarks/compile_forward.py --envs cartpole breakout --iterations 300
@@ -17,11 +17,12 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from runner import CONFIG_DIR
-from runner.bench import build_module, measure, write_csv
-from runner.compile import available_backends
-from runner.compiled import CompileSpec, load_backend
+from runner.compile.apply import load_backend
+from runner.compile.settings import CompileSpec, available_backends
 from runner.compose import build_algorithm_config
-from runner.schema import register_configs
+from runner.results.files import write_csv
+from runner.schema import register_configs, typed
+from runner.tasks.inference_bench import build_module, measure
 
 DEFAULT_BACKENDS = ("eager", "aot_eager", "inductor", "onnxrt", "ipex")
 
@@ -56,7 +57,7 @@ def main() -> None:
     for env_option in args.envs:
         with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
             cfg = compose(config_name="config", overrides=[f"env={env_option}"])
-        module, obs = build_module(build_algorithm_config(cfg))
+        module, obs = build_module(build_algorithm_config(typed(cfg), None))
         for backend in backends:
             spec = CompileSpec(backend, args.mode, None, True, False, "forward_train")
             for row in measure(module, obs, spec, args.batch_sizes, args.iterations, args.burn_in):

@@ -15,23 +15,25 @@ from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from hydra.types import RunMode  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-from runner import CONFIG_DIR, sweep  # noqa: E402
+from runner import CONFIG_DIR  # noqa: E402
+from runner.app import run  # noqa: E402
 from runner.errors import RunnerError, one_line  # noqa: E402
-from runner.results import RESULT_FILES  # noqa: E402
+from runner.ray_session import stop_ray  # noqa: E402
+from runner.results.files import RESULT_FILES  # noqa: E402
+from runner.results.jobs import ERROR_FILE, finished_before, write_job  # noqa: E402
 from runner.schema import register_configs  # noqa: E402
+from runner.sweep import FailedJobs  # noqa: E402
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
 def _app(cfg: DictConfig) -> None:
     """One job. In a sweep its outcome goes to job.json, and a failure lets the sweep go on."""
-    from runner.app import run
-
     hydra_cfg = HydraConfig.get()
     job_dir = Path(hydra_cfg.runtime.output_dir)
     overrides = list(hydra_cfg.overrides.task)
     in_sweep = hydra_cfg.mode == RunMode.MULTIRUN
     job_start = time.perf_counter()
-    if in_sweep and _finished_before(job_dir, overrides):
+    if in_sweep and finished_before(job_dir, overrides):
         print(f"job {hydra_cfg.job.num}: finished in an earlier run of this sweep, skipped")
         return
     try:
@@ -40,55 +42,24 @@ def _app(cfg: DictConfig) -> None:
         message = one_line(ex)
         if not isinstance(ex, RunnerError):
             # A crash (not bad input): one line here, the whole traceback in the run dir.
-            error_file = job_dir / "error.txt"
+            error_file = job_dir / ERROR_FILE
             error_file.write_text("".join(traceback.format_exception(ex)))
             message = f"{message} (traceback in {error_file})"
         if not in_sweep:
             _fail(message)
-        sweep.write_job(job_dir, "failed", overrides, error=message, wall_seconds=_since(job_start))
+        write_job(job_dir, "failed", overrides, error=message, wall_seconds=_since(job_start))
         print(f"error: job {hydra_cfg.job.num}: {message}", file=sys.stderr)
         return
     finally:
         if in_sweep:
-            _end_job()
+            stop_ray()
     if in_sweep:
         status = "dry_run" if cfg.dry_run else "finished"
-        sweep.write_job(job_dir, status, overrides, wall_seconds=_since(job_start), **totals)
-
-
-def _end_job() -> None:
-    """Leave no Ray behind: the next job of a sweep (same process under the basic and the
-    joblib launcher) starts its own, with its own ray.address and ray.num_cpus."""
-    import ray
-
-    if ray.is_initialized():
-        ray.shutdown()
+        write_job(job_dir, status, overrides, wall_seconds=_since(job_start), **totals)
 
 
 def _since(start: float) -> float:
     return time.perf_counter() - start
-
-
-def _finished_before(job_dir: Path, overrides: list[str]) -> bool:
-    """True if this job dir holds a finished run of the same overrides (a sweep re-run).
-
-    A failed or unfinished earlier attempt is moved into attempt-N/ so the job can run
-    again without losing it."""
-    job = sweep.read_job(job_dir)
-    if job and job["status"] == "finished" and job["overrides"] == overrides:
-        return True
-    if job and job["status"] == "dry_run":
-        (job_dir / sweep.JOB_FILE).unlink()  # a plan only: nothing to keep
-    kept = (*RESULT_FILES, sweep.JOB_FILE, "error.txt", "tensorboard")
-    leftovers = [p for p in job_dir.iterdir() if p.name in kept]
-    if leftovers:
-        attempt = job_dir / f"attempt-{1 + len(list(job_dir.glob('attempt-*')))}"
-        attempt.mkdir()
-        for p in leftovers:
-            p.rename(attempt / p.name)
-        status = job["status"] if job else "unfinished"
-        print(f"{job_dir}: the earlier {status} attempt's files are kept in {attempt.name}/")
-    return False
 
 
 def _fail(message: str, code: int = 2) -> None:
@@ -116,14 +87,10 @@ def main() -> None:
     _refuse_used_run_dir(sys.argv[1:])
     try:
         _app()
+    except FailedJobs as failed:  # from the sweep summary, when a multirun ends
+        _fail(str(failed), 1)
     except Exception as ex:
         _fail(one_line(ex))
-    summary = sweep.LAST_SUMMARY
-    if summary is not None:
-        failed = [r for r in summary if r["status"] == "failed"]
-        if failed:
-            jobs = ", ".join(r["job"] for r in failed)
-            _fail(f"{len(failed)} of {len(summary)} sweep jobs failed (job {jobs})", 1)
 
 
 if __name__ == "__main__":

@@ -1,89 +1,63 @@
-"""The Hydra task: config -> AlgorithmConfig -> plan -> preflight -> train -> results."""
+"""One job, one way through: config -> plan -> preflight -> task -> results.
+
+`prepare` is pure (no Ray, no files): typed settings, the task, the compile spec, the
+AlgorithmConfig and the resource plan. `run` adds the run dir, the preflight against this
+machine or the cluster, the dry run, and hands the task its `TaskRun`. Nothing here
+knows any one task: the registry in runner/tasks/ does.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
-from hydra import compose
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
-from rich.console import Console
 from rich.table import Table
 
-from runner import bench, compiled, exploration, preflight
-from runner import compile as compile_settings
+from runner import preflight, tasks
+from runner.compile import settings as compile_settings
+from runner.compile.settings import CompileSpec
 from runner.compose import build_algorithm_config, default_config_for
-from runner.errors import ConfigError, PreflightError, did_you_mean
+from runner.console import console
+from runner.errors import ConfigError, PreflightError
 from runner.plan import Plan, make_plan
-from runner.results import RESULT_FILES, json_safe, versions, write_json
-from runner.sweep import override_key
-from runner.train import (
-    CHECKPOINT_FILE,
-    latest_checkpoint,
-    quiet_ray,
-    start_ray,
-    train,
-)
+from runner.ray_session import quiet_ray, start_ray
+from runner.results.files import RESULT_FILES, json_safe, versions, write_json
+from runner.resume import OVERRIDES_FILE, compose_for_resume
+from runner.schema import RunnerConfig, typed
+from runner.tasks.base import Task, TaskRun
 
 log = logging.getLogger("runner")
-console = Console(highlight=False, soft_wrap=True)
-# Overrides that concern one invocation and are never carried into a resumed run.
-_PER_INVOCATION = ("resume", "dry_run")
-OVERRIDES_FILE = "composed_overrides.yaml"
-TASKS = ("train", "inference_bench", "exploration_bench")
 
 
-def _merge_overrides(saved: list[str], current: list[str]) -> list[str]:
-    """Saved overrides with the current ones on top (one value per key, later wins)."""
-    merged: dict[str, str] = {}
-    for override in saved + current:
-        key = override_key(override)
-        if key not in _PER_INVOCATION:
-            merged[key] = override
-    return list(merged.values())
+@dataclass
+class Prepared:
+    """A job composed and planned, before anything runs."""
+
+    settings: RunnerConfig
+    task: Task
+    spec: CompileSpec | None
+    warnings: list[str]
+    config: AlgorithmConfig
+    plan: Plan
 
 
-def find_checkpoint(path_text: str) -> tuple[Path, Path | None]:
-    """(checkpoint dir, the run dir it belongs to) for a run dir or a checkpoint dir."""
-    path = Path(path_text).expanduser()
-    if not path.exists():
-        raise ConfigError(
-            f"resume path '{path}' does not exist; pass a run dir (one with checkpoints/) "
-            "or a checkpoint dir"
-        )
-    if (path / CHECKPOINT_FILE).is_file():
-        run_dir = path.parent.parent
-        return path, run_dir if (run_dir / ".hydra").is_dir() else None
-    checkpoint = latest_checkpoint(path)
-    if checkpoint is None:
-        raise ConfigError(
-            f"resume path '{path}' holds no checkpoint (no checkpoints/*/{CHECKPOINT_FILE}); "
-            "pass a run dir of this runner or an RLlib checkpoint dir"
-        )
-    return checkpoint, path
-
-
-def _saved_overrides(run_dir: Path) -> list[str]:
-    for name in (OVERRIDES_FILE, ".hydra/overrides.yaml"):
-        if (run_dir / name).is_file():
-            return yaml.safe_load((run_dir / name).read_text()) or []
-    return []
-
-
-def compose_for_resume(cfg: DictConfig) -> tuple[DictConfig, Path, list[str]]:
-    """The resumed run's config: the original run's overrides, then this command's."""
-    checkpoint, old_run_dir = find_checkpoint(cfg.resume)
-    current = list(HydraConfig.get().overrides.task)
-    if old_run_dir is None:
-        return cfg, checkpoint, current
-    overrides = _merge_overrides(_saved_overrides(old_run_dir), current)
-    resumed = compose(config_name="config", overrides=overrides)
-    return resumed, checkpoint, overrides
+def prepare(cfg: DictConfig) -> Prepared:
+    """Typed settings once, the task's own checks, compile checked once, then RLlib's
+    AlgorithmConfig and the plan of what the task will start. Pure: starts nothing."""
+    settings = typed(cfg)
+    task = tasks.get(settings.task.name)
+    spec, warnings = compile_settings.resolve(settings.compile)
+    warnings += task.check(settings, spec)
+    config = build_algorithm_config(settings, spec)
+    plan = task.scale_plan(make_plan(config))
+    return Prepared(settings, task, spec, warnings, config, plan)
 
 
 def _changed_settings(config: AlgorithmConfig, algo_name: str) -> dict[str, Any]:
@@ -109,24 +83,22 @@ def print_plan(plan: Plan, report: preflight.Report, res: preflight.Resources) -
         console.print(f"preflight would fail: {problem}")
 
 
-def provenance(cfg: DictConfig, resources: preflight.Resources) -> dict[str, Any]:
+def provenance(settings: RunnerConfig, resources: preflight.Resources) -> dict[str, Any]:
     """Where and with what a result was measured, and what it reproduces (for the report)."""
     choices = HydraConfig.get().runtime.choices
-    reproduction = cfg.get("reproduction")
+    reproduction = settings.reproduction
     return {
-        "hardware": {"profile": cfg.hardware.name, **vars(resources)},
+        "hardware": {"profile": settings.hardware.name, **vars(resources)},
         "versions": versions(),
         "experiment": choices.get("experiment"),
         "scale": choices.get("scale"),
-        "reproduction": OmegaConf.to_container(reproduction) if reproduction else None,
+        "reproduction": asdict(reproduction) if reproduction else None,
     }
 
 
 def run(cfg: DictConfig, start_time: float) -> dict[str, Any]:
-    """Compose, plan, check, then dry-run or train; every file lands in Hydra's run dir.
-
-    Returns the plan's CPU and GPU totals, for the job's record in a sweep.
-    """
+    """Prepare, check against what exists, then dry-run or run the task; every file lands
+    in Hydra's run dir. Returns the plan's CPU and GPU totals, for a sweep job's record."""
     quiet_ray(cfg.ray.log_level)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     if any((run_dir / name).exists() for name in RESULT_FILES):
@@ -134,67 +106,46 @@ def run(cfg: DictConfig, start_time: float) -> dict[str, Any]:
     checkpoint = None
     overrides = list(HydraConfig.get().overrides.task)
     if cfg.resume:
-        cfg, checkpoint, overrides = compose_for_resume(cfg)
+        cfg, checkpoint, overrides = compose_for_resume(cfg, overrides)
     (run_dir / OVERRIDES_FILE).write_text(yaml.safe_dump(overrides))
 
-    if cfg.task.name not in TASKS:
-        raise ConfigError(
-            f"unknown task.name '{cfg.task.name}'{did_you_mean(cfg.task.name, TASKS)}; "
-            f"use one of: {', '.join(TASKS)}"
-        )
-    if cfg.task.name == "inference_bench" and not compile_settings.is_enabled(cfg.compile):
-        raise ConfigError(bench.NEEDS_COMPILE)
-    config = build_algorithm_config(cfg)
-    plan = make_plan(config)
-    if cfg.task.name == "exploration_bench":
-        eager_config = build_algorithm_config(exploration.eager_twin(cfg))
-        plan = plan.copies(2, "x2: an eager and a compiled copy at once")
-    if cfg.ray.address:
-        start_ray(cfg.ray, cfg.compile.cache_dir)
-        resources = preflight.cluster_resources(cfg.ray.address)
+    job = prepare(cfg)
+    settings = job.settings
+    if settings.ray.address:
+        start_ray(settings.ray, settings.compile.cache_dir)
+        resources = preflight.cluster_resources(settings.ray.address)
     else:
-        resources = preflight.local_resources(cfg.ray)
-    report = preflight.check(cfg, config, plan, resources)
-    write_json(run_dir / "algorithm_config.json", config.to_dict())
-    write_json(run_dir / "plan.json", {**plan.to_dict(), "preflight": report.to_dict()})
+        resources = preflight.local_resources(settings.ray)
+    report = preflight.check(settings, job.config, job.plan, resources, job.warnings, job.spec)
+    write_json(run_dir / "algorithm_config.json", job.config.to_dict())
+    write_json(run_dir / "plan.json", {**job.plan.to_dict(), "preflight": report.to_dict()})
     for warning in report.warnings:
         log.warning(warning)
-    totals = {"cpus": plan.total_cpus, "gpus": plan.total_gpus}
+    totals = {"cpus": job.plan.total_cpus, "gpus": job.plan.total_gpus}
 
-    if cfg.dry_run:
+    if settings.dry_run:
         console.rule("resolved config")
         console.print(OmegaConf.to_yaml(cfg, resolve=True), end="")
-        console.rule(f"AlgorithmConfig ({type(config).__name__}): settings that differ from RLlib")
-        console.print(json.dumps(_changed_settings(config, cfg.algo.name), indent=2))
+        config_name = type(job.config).__name__
+        console.rule(f"AlgorithmConfig ({config_name}): settings that differ from RLlib")
+        console.print(json.dumps(_changed_settings(job.config, settings.algo.name), indent=2))
         console.rule("plan")
-        print_plan(plan, report, resources)
+        print_plan(job.plan, report, resources)
         console.print(f"dry run: nothing started; files in {run_dir}")
         return {**totals, "preflight_problems": report.problems}
     if not report.ok:
         raise PreflightError("; ".join(report.problems))
-    if cfg.task.name == "inference_bench":
-        bench.inference_bench(cfg, config, run_dir, provenance(cfg, resources))
-        console.print(f"done: results in {run_dir}")
-        return totals
-
-    start_ray(cfg.ray, cfg.compile.cache_dir)
-    if cfg.task.name == "exploration_bench":
-        exploration.exploration_bench(
-            cfg, config, eager_config, run_dir, provenance(cfg, resources), start_time
+    if job.task.needs_ray:
+        start_ray(settings.ray, settings.compile.cache_dir)
+    job.task.run(
+        TaskRun(
+            settings=settings,
+            config=job.config,
+            spec=job.spec,
+            run_dir=run_dir,
+            provenance=provenance(settings, resources),
+            start_time=start_time,
+            checkpoint=checkpoint,
         )
-        console.print(f"done: results in {run_dir}")
-        return totals
-    figures = train(cfg, config, run_dir, checkpoint, start_time)
-    compile_section, compile_line = compiled.summarize(
-        compile_settings.spec(cfg.compile), figures.pop("compile_reports")
-    )
-    console.print(compile_line)
-    summary = {**figures, "compile": compile_section, **provenance(cfg, resources)}
-    write_json(run_dir / "summary.json", summary)
-    steps = summary["env_steps"]
-    console.print(
-        f"done ({summary['stop_reason'] or 'no stop criterion'}): "
-        f"{summary['iterations']} iterations, {steps or 0:,.0f} env steps, "
-        f"{summary['wall_seconds']:.1f} s; results in {run_dir}"
     )
     return totals

@@ -1,28 +1,29 @@
-"""Composed config -> RLlib AlgorithmConfig, as one pure function (no Ray, no I/O).
+"""Typed settings -> RLlib AlgorithmConfig, as one pure function (no Ray, no I/O).
 
-Every section is passed through the AlgorithmConfig builder method it is named after,
-so RLlib's own setter checks run; a key no builder takes fails here with the closest
-valid keys, instead of as a TypeError deep inside RLlib.
+Every section is passed through the AlgorithmConfig builder method it is named after, so
+RLlib's own setter checks run. The fixed scaling fields go through explicit
+`env_runners(...)` and `learners(...)` calls; the free-form `algo.*` sections are checked
+key by key against the builder's parameters, so a key no builder takes fails here with
+the closest valid keys instead of as a TypeError deep inside RLlib.
 """
 
 from __future__ import annotations
 
-import functools
 import inspect
+from collections.abc import Callable
 from functools import cache
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.algorithms.registry import ALGORITHMS
 
-from runner import compile as compile_settings
-from runner import compiled
-from runner.compiled import CompileSpec
+from runner.compile.apply import add_to_config
+from runner.compile.settings import CompileSpec
 from runner.envs import AtariEnv
 from runner.errors import ConfigError, did_you_mean
+from runner.schema import EnvConfig, RunnerConfig, ScalingConfig
 
-# The algo sections, in the order their builders are called.
+# The free-form algo sections, in the order their builders are called.
 ALGO_SECTIONS = (
     "training",
     "env_runners",
@@ -33,7 +34,7 @@ ALGO_SECTIONS = (
     "framework",
     "fault_tolerance",
 )
-# Scaling keys that must be whole numbers >= this bound.
+# Scaling keys that must be whole numbers >= this bound (RLlib itself does not check).
 _COUNT_MINIMUM = {"num_env_runners": 0, "num_envs_per_env_runner": 1, "num_learners": 0}
 
 
@@ -51,8 +52,16 @@ def builder_params(config_cls: type[AlgorithmConfig], method: str) -> frozenset[
     return frozenset(names)
 
 
+def _call(builder: Callable[..., Any], where: str, kwargs: dict[str, Any]) -> None:
+    """builder(**kwargs), RLlib's own rejection as one line naming where the user set it."""
+    try:
+        builder(**kwargs)
+    except (ValueError, TypeError, KeyError) as ex:
+        raise ConfigError(f"{where}: RLlib rejected {builder.__name__}(): {ex}") from ex
+
+
 def call_builder(config: AlgorithmConfig, method: str, where: str, kwargs: dict) -> None:
-    """config.<method>(**kwargs), with unknown keys and RLlib's own errors as one line."""
+    """config.<method>(**kwargs) for a free-form section: unknown keys fail first."""
     allowed = builder_params(type(config), method)
     for key in kwargs:
         if key not in allowed:
@@ -60,10 +69,7 @@ def call_builder(config: AlgorithmConfig, method: str, where: str, kwargs: dict)
                 f"unknown key '{where}.{key}': {type(config).__name__}.{method}() takes no "
                 f"'{key}'{did_you_mean(key, allowed)}"
             )
-    try:
-        getattr(config, method)(**kwargs)
-    except (ValueError, TypeError, KeyError) as ex:
-        raise ConfigError(f"{where}: RLlib rejected {method}(): {ex}") from ex
+    _call(getattr(config, method), where, kwargs)
 
 
 def default_config_for(algo_name: str) -> AlgorithmConfig:
@@ -76,82 +82,65 @@ def default_config_for(algo_name: str) -> AlgorithmConfig:
     return ALGORITHMS[algo_name]()[1]
 
 
-def _container(node: Any) -> Any:
-    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
+def env_runner_scaling(s: ScalingConfig) -> dict[str, Any]:
+    """The scaling fields `AlgorithmConfig.env_runners()` takes."""
+    return {
+        "num_env_runners": s.num_env_runners,
+        "num_envs_per_env_runner": s.num_envs_per_env_runner,
+        "gym_env_vectorize_mode": s.gym_env_vectorize_mode,
+        "num_cpus_per_env_runner": s.num_cpus_per_env_runner,
+        "num_gpus_per_env_runner": s.num_gpus_per_env_runner,
+    }
 
 
-def check_scaling(scaling: dict[str, Any]) -> None:
-    """Counts are whole and non-negative, resources non-negative: RLlib itself does not check."""
-    for key, value in scaling.items():
-        if value is None or isinstance(value, str):
+def learner_scaling(s: ScalingConfig) -> dict[str, Any]:
+    """The scaling fields `AlgorithmConfig.learners()` takes (null CPUs: RLlib's "auto")."""
+    return {
+        "num_learners": s.num_learners,
+        "num_gpus_per_learner": s.num_gpus_per_learner,
+        "num_cpus_per_learner": "auto"
+        if s.num_cpus_per_learner is None
+        else s.num_cpus_per_learner,
+    }
+
+
+def check_scaling(s: ScalingConfig) -> None:
+    """Counts are whole and in range, resources non-negative."""
+    for key, value in {**env_runner_scaling(s), **learner_scaling(s)}.items():
+        if isinstance(value, str):
             continue
         minimum = _COUNT_MINIMUM.get(key, 0)
         if value < minimum:
             raise ConfigError(f"scaling.{key} must be >= {minimum}, got {value}")
 
 
-def _environment_kwargs(env: dict[str, Any]) -> dict[str, Any]:
-    if env["atari"]:
-        env_config = {"game": env["id"], "framestack": env["framestack"], **env["env_config"]}
-        return {"env": AtariEnv, "env_config": env_config, **env["environment"]}
-    return {"env": env["id"], "env_config": env["env_config"], **env["environment"]}
+def _environment_kwargs(env: EnvConfig) -> dict[str, Any]:
+    if env.atari:
+        env_config = {"game": env.id, "framestack": env.framestack, **env.env_config}
+        return {"env": AtariEnv, "env_config": env_config, **env.environment}
+    return {"env": env.id, "env_config": dict(env.env_config), **env.environment}
 
 
-def _scaling_kwargs(config: AlgorithmConfig, scaling: dict[str, Any]) -> dict[str, dict]:
-    """Split scaling keys between env_runners() and learners(), whichever takes each."""
-    split: dict[str, dict] = {"env_runners": {}, "learners": {}}
-    for key, value in scaling.items():
-        if key == "num_cpus_per_learner" and value is None:
-            value = "auto"
-        method = next((m for m in split if key in builder_params(type(config), m)), None)
-        if method is None:
-            raise ConfigError(f"scaling.{key} is fed to no AlgorithmConfig builder")
-        split[method][key] = value
-    return split
-
-
-def build_algorithm_config(cfg: DictConfig) -> AlgorithmConfig:
-    """The AlgorithmConfig a composed runner config describes. Pure: starts nothing."""
-    algo = _container(cfg.algo)
-    scaling = _container(cfg.scaling)
-    env = _container(cfg.env)
+def build_algorithm_config(settings: RunnerConfig, spec: CompileSpec | None) -> AlgorithmConfig:
+    """The AlgorithmConfig the typed settings describe, compiling per `spec`. Starts nothing."""
+    algo, scaling, env = settings.algo, settings.scaling, settings.env
     check_scaling(scaling)
-    compile_settings.validate(cfg.compile)
-
-    config = default_config_for(algo["name"])
+    config = default_config_for(algo.name)
     call_builder(config, "environment", "env", _environment_kwargs(env))
-    scaling_kwargs = _scaling_kwargs(config, scaling)
+    fixed = {"env_runners": env_runner_scaling(scaling), "learners": learner_scaling(scaling)}
     for section in ALGO_SECTIONS:
-        kwargs = dict(algo[section])
-        for key in kwargs.keys() & scaling_kwargs.get(section, {}).keys():
+        kwargs = dict(getattr(algo, section))
+        for key in kwargs.keys() & fixed.get(section, {}).keys():
             raise ConfigError(f"algo.{section}.{key} duplicates scaling.{key}; set it in scaling")
-        kwargs.update(scaling_kwargs.get(section, {}))
-        if section == "rl_module" and env["model_config"]:
-            model_config = {**env["model_config"], **kwargs.get("model_config", {})}
-            kwargs["model_config"] = model_config
+        if section == "rl_module" and env.model_config:
+            kwargs["model_config"] = {**env.model_config, **kwargs.get("model_config", {})}
         if kwargs:
             call_builder(config, section, f"algo.{section}", kwargs)
+    _call(config.env_runners, "scaling", fixed["env_runners"])
+    _call(config.learners, "scaling", fixed["learners"])
     # RLlib resets its logger to debugging.log_level when the Algorithm starts.
-    call_builder(config, "debugging", "seed", {"seed": cfg.seed, "log_level": cfg.ray.log_level})
-    _add_compile(config, compile_settings.spec(cfg.compile))
-    return config
-
-
-def _add_compile(config: AlgorithmConfig, spec: CompileSpec | None) -> None:
-    """Compile through callbacks in every EnvRunner and Learner process (see compiled.py).
-
-    A complete-update compile is RLlib's own (it works); the runner only wraps it to count.
-    """
-    if spec is None:
-        return
-    config.callbacks(
-        on_algorithm_init=functools.partial(compiled.apply, spec=spec),
-        on_env_runners_recreated=functools.partial(compiled.reapply, spec=spec),
+    _call(
+        config.debugging, "seed", {"seed": settings.seed, "log_level": settings.ray.log_level.value}
     )
-    if spec.learners and spec.learner_granularity == "complete_update":
-        config.framework(
-            torch_compile_learner=True,
-            torch_compile_learner_what_to_compile="complete_update",
-            torch_compile_learner_dynamo_backend=spec.backend,
-            torch_compile_learner_dynamo_mode=spec.mode or "default",
-        )
+    add_to_config(config, spec)
+    return config

@@ -74,6 +74,11 @@ def one_line(ex: BaseException) -> str:
         return _squash(str(ex))
     if isinstance(ex, OverrideParseException):
         first = str(ex).splitlines()[0]
+        if "~" in str(ex):
+            return (
+                f"malformed override: {first}; Hydra's grammar takes no bare '~' in a value: "
+                """quote it, e.g. 'compile.cache_dir="~/.cache/rllib-runner"'"""
+            )
         return f"malformed override: {first}; write overrides as key=value (see --help)"
     cause = ex.__cause__ if isinstance(ex.__cause__, OmegaConfBaseException) else ex
     if isinstance(cause, ConfigKeyError | ConfigAttributeError):

@@ -11,13 +11,13 @@ import platform
 from dataclasses import asdict, dataclass, field
 
 import torch
-from omegaconf import DictConfig
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 
-from runner import compile as compile_settings
+from runner.compile.settings import CompileSpec, missing_packages
 from runner.envs import check_env_id
 from runner.errors import ConfigError
 from runner.plan import Plan
+from runner.schema import Accelerator, RayConfig, RunnerConfig
 
 FORCE_HINT = "or set preflight.strict=false to try anyway"
 # The scaling guide's learner-placement rule for these algorithms.
@@ -59,7 +59,7 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def local_resources(ray_cfg: DictConfig) -> Resources:
+def local_resources(ray_cfg: RayConfig) -> Resources:
     """This machine as a local Ray would see it (ray.num_cpus / ray.num_gpus override)."""
     cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
     names = [torch.cuda.get_device_name(i) for i in range(cuda)]
@@ -96,17 +96,17 @@ def _breakdown(plan: Plan, key: str, unit: str, actors_only: bool = False) -> st
     return f"{' + '.join(parts)} {unit}" if parts else f"no {unit}"
 
 
-def _hardware_problems(cfg: DictConfig, plan: Plan, res: Resources) -> list[str]:
-    hw = cfg.hardware
+def _hardware_problems(settings: RunnerConfig, plan: Plan, res: Resources) -> list[str]:
+    hw = settings.hardware
     problems = []
-    if hw.accelerator == "cuda" and res.gpus == 0:
+    if hw.accelerator == Accelerator.cuda and res.gpus == 0:
         gpu = f"an NVIDIA {hw.gpu_name} GPU" if hw.gpu_name else "an NVIDIA GPU"
         problems.append(
             f"hardware={hw.name} expects {gpu} but {res.where} has no GPU; "
             f"use hardware=cpu, connect to a GPU cluster with ray.address=..., {FORCE_HINT}"
         )
     elif (
-        hw.accelerator == "cuda"
+        hw.accelerator == Accelerator.cuda
         and hw.gpu_name
         and res.gpu_names
         and not any(hw.gpu_name.lower() in name.lower() for name in res.gpu_names)
@@ -116,7 +116,7 @@ def _hardware_problems(cfg: DictConfig, plan: Plan, res: Resources) -> list[str]
             f"{', '.join(sorted(set(res.gpu_names)))}; pick the matching hardware profile, "
             f"{FORCE_HINT}"
         )
-    if hw.accelerator == "cpu" and plan.total_gpus > 0:
+    if hw.accelerator == Accelerator.cpu and plan.total_gpus > 0:
         problems.append(
             f"hardware=cpu but the plan asks for {plan.total_gpus:g} GPU(s) "
             f"({_breakdown(plan, 'gpus_each', 'GPU')}); set scaling.num_gpus_per_learner=0 "
@@ -175,39 +175,52 @@ def _learner_placement(config: AlgorithmConfig, res: Resources) -> list[str]:
     ]
 
 
-def _check_run_settings(cfg: DictConfig) -> None:
-    for section in ("stop", "checkpoint"):
-        for key, value in cfg[section].items():
-            if isinstance(value, int | float) and not isinstance(value, bool) and value < 0:
-                raise ConfigError(f"{section}.{key} must be >= 0 (or null), got {value}")
+def _check_run_settings(settings: RunnerConfig) -> None:
+    """Counts and seconds are never negative; a return may be (Pendulum's are)."""
+    stop, checkpoint = settings.stop, settings.checkpoint
+    counts = {
+        "stop.iterations": stop.iterations,
+        "stop.env_steps": stop.env_steps,
+        "stop.seconds": stop.seconds,
+        "checkpoint.every": checkpoint.every,
+        "ray.num_cpus": settings.ray.num_cpus,
+        "ray.num_gpus": settings.ray.num_gpus,
+    }
+    for key, value in counts.items():
+        if value is not None and value < 0:
+            raise ConfigError(f"{key} must be >= 0 (or null), got {value}")
 
 
-def check(cfg: DictConfig, config: AlgorithmConfig, plan: Plan, res: Resources) -> Report:
-    """Raise ConfigError on bad input; report resource shortfalls (problems) and warnings."""
-    _check_run_settings(cfg)
-    check_env_id(cfg.env.id, cfg.env.atari)
-    if compile_settings.is_enabled(cfg.compile) and cfg.compile.backend == "ipex":
-        problem = compile_settings.ipex_problem()
-        if problem:
-            raise ConfigError(problem)
-    report = Report(warnings=compile_settings.validate(cfg.compile))
-    cuda_graphs = compile_settings.cuda_graph_warning(cfg.compile, cfg.scaling)
-    # The inference bench puts its module on the profile's device, not on an EnvRunner.
-    if cuda_graphs and not (
-        cfg.task.name == "inference_bench" and cfg.hardware.accelerator == "cuda"
-    ):
-        report.warnings.append(cuda_graphs)
+def check(
+    settings: RunnerConfig,
+    config: AlgorithmConfig,
+    plan: Plan,
+    res: Resources,
+    warnings: list[str],
+    spec: CompileSpec | None,
+) -> Report:
+    """Raise ConfigError on bad input; report shortfalls and missing packages (problems)
+    and `warnings` (the compile and task checks') with the resource warnings."""
+    _check_run_settings(settings)
+    check_env_id(settings.env.id, settings.env.atari)
+    report = Report(warnings=list(warnings))
     # A hardware problem already names missing GPUs: the GPU count is checked only without one.
-    report.problems += _hardware_problems(cfg, plan, res) or _gpu_shortfall(plan, res)
+    report.problems += _hardware_problems(settings, plan, res) or _gpu_shortfall(plan, res)
     cpu_problems, cpu_warnings = _cpu_shortfall(plan, res)
     report.problems += cpu_problems
     report.warnings += cpu_warnings
     report.warnings += _learner_placement(config, res)
-    if report.problems and cfg.get("reproduction") and cfg.hardware.accelerator == "cuda":
+    if (
+        report.problems
+        and settings.reproduction
+        and settings.hardware.accelerator == Accelerator.cuda
+    ):
         report.problems[-1] += (
             "; or add scale=local to run this reproduction scaled down on one CPU machine"
         )
-    if not cfg.preflight.strict and report.problems:
+    if not settings.preflight.strict and report.problems:
         report.warnings += [f"preflight.strict=false, going on: {p}" for p in report.problems]
         report.problems = []
+    # A missing package is no shortfall to try anyway: strict=false does not waive it.
+    report.problems += missing_packages(spec)
     return report

@@ -17,6 +17,8 @@ from typing import Any
 
 import yaml
 
+from runner import CONFIG_DIR
+
 DATA = Path(__file__).parent / "data"
 SOURCE = "Ray repository, rllib/benchmarks/torch_compile/README.md"
 INFERENCE_METHOD = (
@@ -55,7 +57,7 @@ EXPLORATION_SETTINGS = (
 )
 MODE_SHORT = {"default": "default", "reduce-overhead": "ro", "max-autotune": "ma"}
 HARDWARE_PROFILE = {"CPU": "cpu", "T4": "t4", "V100": "v100", "A100": "a100"}
-EXPERIMENT_DIR = Path(__file__).resolve().parent.parent / "conf" / "experiment"
+EXPERIMENT_DIR = Path(CONFIG_DIR) / "experiment"
 
 
 def _torch_tag(version: str) -> str:

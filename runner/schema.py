@@ -10,15 +10,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 
 class Accelerator(str, Enum):
     cpu = "cpu"
     cuda = "cuda"
+
+
+class LogLevel(str, Enum):
+    DEBUG = "DEBUG"
+    INFO = "INFO"
+    WARNING = "WARNING"
+    ERROR = "ERROR"
+    CRITICAL = "CRITICAL"
 
 
 class LearnerGranularity(str, Enum):
@@ -38,9 +47,6 @@ class HardwareConfig:
     gpu_name: str | None = None
     num_gpus_per_learner: float = 0.0
     num_gpus_per_env_runner: float = 0.0
-    # Compile preset (a conf/compile/ option) the published benchmarks found best here.
-    best_compile: str = MISSING
-    best_compile_source: str = MISSING
 
 
 @dataclass
@@ -56,6 +62,7 @@ class CompileConfig:
     dynamic: bool | None = None
     # Inductor's FX graph cache, shared by every actor on a node; null keeps inductor's
     # default (one dir per user in the temp dir, already shared by the node's actors).
+    # `~` is expanded (quote it on the command line: 'compile.cache_dir="~/x"').
     cache_dir: str | None = None
 
 
@@ -63,8 +70,9 @@ class CompileConfig:
 class ScalingConfig:
     """RLlib's three scaling axes and the resources of each actor.
 
-    Keys feed `AlgorithmConfig.env_runners()` or `.learners()`, whichever takes them.
-    `num_cpus_per_learner: null` keeps RLlib's "auto" (1 CPU per CPU Learner, 0 per GPU one).
+    The EnvRunner keys feed `AlgorithmConfig.env_runners()`, the Learner keys `.learners()`
+    (see compose.py). `num_cpus_per_learner: null` keeps RLlib's "auto" (1 CPU per CPU
+    Learner, 0 per GPU one).
     """
 
     num_env_runners: int = MISSING
@@ -126,7 +134,7 @@ class RayConfig:
     address: str | None = None
     num_cpus: int | None = None
     num_gpus: int | None = None
-    log_level: str = "ERROR"
+    log_level: LogLevel = LogLevel.ERROR
 
 
 @dataclass
@@ -143,18 +151,11 @@ class CheckpointConfig:
 
 
 @dataclass
-class TaskConfig:
-    """What a job does: train, or one of the benchmarks (the bench settings apply to those)."""
+class TaskSettings:
+    """What a job does. Each task in runner/tasks/ subclasses this with its own settings;
+    its conf/task/ file merges that schema in, so another task's key fails at composition."""
 
-    name: str = MISSING  # train | inference_bench | exploration_bench
-    # inference_bench: timed forward_exploration calls per module and batch size.
-    batch_sizes: list[int] = field(default_factory=lambda: [1, 4, 16])
-    iterations: int = 300
-    burn_in: int = 30
-    threads: int | None = 1  # torch threads (1: what Ray gives a 1-CPU EnvRunner; null: torch's)
-    # exploration_bench: training iterations per copy, untimed first, then timed.
-    warmup_iterations: int = 1
-    timed_iterations: int = 3
+    name: str = MISSING
 
 
 @dataclass
@@ -186,7 +187,7 @@ class RunnerConfig:
     scaling: ScalingConfig = MISSING
     algo: AlgoConfig = MISSING
     env: EnvConfig = MISSING
-    task: TaskConfig = MISSING
+    task: TaskSettings = MISSING
     stop: StopConfig = field(default_factory=StopConfig)
     ray: RayConfig = field(default_factory=RayConfig)
     preflight: PreflightConfig = field(default_factory=PreflightConfig)
@@ -195,9 +196,29 @@ class RunnerConfig:
     reproduction: ReproductionConfig | None = None
     seed: int | None = 0
     dry_run: bool = False
+    # A run dir or checkpoint dir; `~` is expanded.
     resume: str | None = None
 
 
 def register_configs() -> None:
-    """Store the root schema; conf/config.yaml lists it first in its defaults."""
-    ConfigStore.instance().store(name="runner_schema", node=RunnerConfig)
+    """Store the root schema (conf/config.yaml lists it first) and every task's settings
+    schema as `schema/task/<name>` (each conf/task/ file lists its own)."""
+    from runner.tasks import TASKS
+
+    store = ConfigStore.instance()
+    store.store(name="runner_schema", node=RunnerConfig)
+    for task in TASKS.values():
+        store.store(group="schema/task", name=task.name, node=task.settings)
+
+
+def _expand(path: str | None) -> str | None:
+    return str(Path(path).expanduser()) if path else path
+
+
+def typed(cfg: DictConfig) -> RunnerConfig:
+    """The composed config as typed objects, made once at the boundary: everything after
+    this point gets dataclasses (per-task settings included), not a DictConfig."""
+    settings: RunnerConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+    settings.compile.cache_dir = _expand(settings.compile.cache_dir)
+    settings.resume = _expand(settings.resume)
+    return settings

@@ -1,9 +1,10 @@
-"""Sweeps (`python -m runner -m ...`): each job's status, and the sweep's own summary.
+"""The sweep summary (`python -m runner -m ...`): one row per job, tables and plots.
 
-Every job leaves `job.json` (finished, failed with its one-line error, or dry_run) in its
-dir. When Hydra's multirun ends, `SweepSummary` (a Hydra callback, see conf/config.yaml)
-reads the job dirs and writes `summary.csv`, `summary.md` and plots into the sweep dir;
-`python -m runner.sweep <sweep dir>` rebuilds them from any sweep dir.
+Every job leaves `job.json` (runner/results/jobs.py) in its dir. When Hydra's multirun
+ends, `SweepSummary` (a Hydra callback, see conf/config.yaml) reads the job dirs and
+writes `summary.csv`, `summary.md` and plots into the sweep dir, and ends the sweep with
+exit code 1 if a job failed; `python -m runner.sweep <sweep dir>` rebuilds them from any
+sweep dir.
 """
 
 from __future__ import annotations
@@ -18,12 +19,12 @@ import yaml
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from runner import overrides as ov
 from runner.errors import RunnerError, one_line
-from runner.results import write_csv
+from runner.results import plots
+from runner.results.files import write_csv
+from runner.results.jobs import read_job
 
-JOB_FILE = "job.json"
-# Set by SweepSummary when a multirun ends, read by __main__ for the exit code.
-LAST_SUMMARY: list[dict[str, Any]] | None = None
 COLUMNS = (
     "job",
     "overrides",
@@ -42,49 +43,20 @@ COLUMNS = (
 FIGURES = ("final_episode_return_mean", "env_steps_per_s", "wall_seconds")
 
 
-def write_job(job_dir: Path, status: str, overrides: list[str], **fields: Any) -> None:
-    """The job's outcome, read by the sweep summary and by a re-run of the sweep."""
-    record = {"status": status, "overrides": overrides, **fields}
-    (job_dir / JOB_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
-
-
-def read_job(job_dir: Path) -> dict[str, Any] | None:
-    path = job_dir / JOB_FILE
-    return json.loads(path.read_text()) if path.is_file() else None
-
-
 def _overrides(job_dir: Path) -> list[str]:
     path = job_dir / ".hydra" / "overrides.yaml"
     return yaml.safe_load(path.read_text()) or [] if path.is_file() else []
 
 
-def override_key(override: str) -> str:
-    """'+a.b=1' -> 'a.b': the config key an override sets."""
-    return override.split("=", 1)[0].lstrip("+~")
-
-
-def _value(overrides: list[str], key: str) -> str | None:
-    """The value `overrides` give `key`, or None."""
-    for o in overrides:
-        if override_key(o) == key:
-            return o.split("=", 1)[1] if "=" in o else None
-    return None
-
-
-def _is_compile_override(override: str) -> bool:
-    key = override_key(override)
-    return key == "compile" or key.startswith("compile.")
-
-
 def _compile_choice(overrides: list[str]) -> str:
     """The compile preset a job ran with: its compile=... override, else the default."""
-    return _value(overrides, "compile") or "none"
+    return ov.value(overrides, "compile") or "none"
 
 
 def _compile_off(overrides: list[str]) -> bool:
     """True for a job that ran with compile=none and no compile.* setting of its own."""
     return _compile_choice(overrides) == "none" and not any(
-        _is_compile_override(o) and override_key(o) != "compile" for o in overrides
+        ov.is_compile(o) and ov.key(o) != "compile" for o in overrides
     )
 
 
@@ -133,14 +105,14 @@ def job_row(job_dir: Path) -> dict[str, Any]:
 def _add_speedups(rows: list[dict[str, Any]]) -> None:
     """Speedup of env steps/s against the compile=none job with otherwise equal overrides."""
     baselines = {
-        tuple(sorted(o for o in r["_overrides"] if not _is_compile_override(o))): r
+        tuple(sorted(o for o in r["_overrides"] if not ov.is_compile(o))): r
         for r in rows
         if _compile_off(r["_overrides"]) and r.get("env_steps_per_s")
     }
     for r in rows:
         if r.get("speedup") is not None or not r.get("env_steps_per_s"):
             continue
-        key = tuple(sorted(o for o in r["_overrides"] if not _is_compile_override(o)))
+        key = tuple(sorted(o for o in r["_overrides"] if not ov.is_compile(o)))
         base = baselines.get(key)
         if base is not None and base is not r:
             r["speedup"] = r["env_steps_per_s"] / base["env_steps_per_s"] - 1
@@ -183,7 +155,7 @@ def _values(rows: list[dict[str, Any]]) -> dict[str, set[str]]:
     values: dict[str, set[str]] = {}
     for r in rows:
         for o in r["_overrides"]:
-            values.setdefault(override_key(o), set()).add(o.partition("=")[2])
+            values.setdefault(ov.key(o), set()).add(o.partition("=")[2])
     return values
 
 
@@ -193,7 +165,7 @@ def swept(rows: list[dict[str, Any]]) -> set[str]:
 
 
 def _label(row: dict[str, Any], keys: set[str]) -> str:
-    return " ".join(o for o in row["_overrides"] if override_key(o) in keys) or "(defaults)"
+    return " ".join(o for o in row["_overrides"] if ov.key(o) in keys) or "(defaults)"
 
 
 def markdown(rows: list[dict[str, Any]], columns: list[str]) -> str:
@@ -216,30 +188,17 @@ def _swept_axes(rows: list[dict[str, Any]]) -> list[str]:
 
 def plot(sweep_dir: Path, rows: list[dict[str, Any]]) -> list[Path]:
     """Throughput against each swept scaling axis, and the speedups of every job."""
-    from runner.bench import pyplot
-
-    plt = pyplot()
     written = []
     done = [r for r in rows if r.get("env_steps_per_s")]
     keys = swept(rows)
     for axis in _swept_axes(done):
         # A line per combination of the other swept overrides (the compile preset among them).
-        lines: dict[str, list[tuple[Any, float]]] = {}
+        series: dict[str, list[tuple[Any, float]]] = {}
         for r in done:
             others = _label(r, keys - {axis}) if keys - {axis} else "all jobs"
-            lines.setdefault(others, []).append((_axis_value(r, axis), r["env_steps_per_s"]))
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for label, points in sorted(lines.items()):
-            points.sort()
-            ax.plot([p[0] for p in points], [p[1] for p in points], "o-", label=label)
-        ax.set(xlabel=axis, ylabel="env steps / s")
-        ax.xaxis.get_major_locator().set_params(integer=True)
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        path = sweep_dir / f"throughput_vs_{axis.replace('scaling.', '').replace('=', '')}.png"
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-        written.append(path)
+            series.setdefault(others, []).append((_axis_value(r, axis), r["env_steps_per_s"]))
+        name = f"throughput_vs_{axis.replace('scaling.', '').replace('=', '')}.png"
+        written.append(plots.lines(sweep_dir / name, series, axis, "env steps / s"))
     # One bar per job and speedup column: vs compile=none for training jobs, vs eager per
     # batch size for the inference bench.
     columns = sorted(
@@ -248,62 +207,52 @@ def plot(sweep_dir: Path, rows: list[dict[str, Any]]) -> list[Path]:
     )
     with_speedup = [r for r in rows if any(r.get(c) is not None for c in columns)]
     if with_speedup:
-        fig, ax = plt.subplots(figsize=(7, 1.5 + 0.3 * len(with_speedup) * len(columns)))
-        height = 0.8 / len(columns)
-        for i, column in enumerate(columns):
-            ax.barh(
-                [y + i * height for y in range(len(with_speedup))],
-                [100 * (r.get(column) or 0) for r in with_speedup],
-                height=height,
-                label=column,
-            )
-        ax.set_yticks(
-            [y + 0.4 - height / 2 for y in range(len(with_speedup))],
+        path = plots.speedup_bars(
+            sweep_dir / "speedup.png",
             [_label(r, keys) for r in with_speedup],
-            fontsize=7,
+            {c: [r.get(c) for r in with_speedup] for c in columns},
+            "speedup, % (vs compile=none; benchmarks: vs their eager copy)",
         )
-        ax.axvline(0, color="black", linewidth=0.8)
-        ax.invert_yaxis()
-        ax.set_xlabel("speedup, % (vs compile=none; benchmarks: vs their eager copy)")
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        path = sweep_dir / "speedup.png"
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
         written.append(path)
     return written
 
 
 def _axis_value(row: dict[str, Any], axis: str) -> float | str:
-    value = _value(row["_overrides"], axis) or ""
+    value = ov.value(row["_overrides"], axis) or ""
     try:
         return float(value)
     except ValueError:
         return value
 
 
+class FailedJobs(SystemExit):
+    """Raised when a multirun ends with failed jobs. A SystemExit, because Hydra turns a
+    callback's exceptions into warnings; `__main__` prints it and exits 1."""
+
+
 class SweepSummary(Callback):
     """Hydra callback: summarise the sweep dir when a multirun ends."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        global LAST_SUMMARY
         sweep_dir = Path(config.hydra.sweep.dir)
         if not sweep_dir.is_dir():
             return
-        LAST_SUMMARY = summarize(sweep_dir)
-        failed = [r for r in LAST_SUMMARY if r["status"] == "failed"]
-        dry = [r for r in LAST_SUMMARY if r["status"] == "dry_run"]
-        if dry or (failed and all(r["status"] in ("dry_run", "failed") for r in LAST_SUMMARY)):
-            print(f"dry run: {len(LAST_SUMMARY)} jobs, {len(failed)} invalid")
-            for r in LAST_SUMMARY:
+        rows = summarize(sweep_dir)
+        failed = [r for r in rows if r["status"] == "failed"]
+        dry = [r for r in rows if r["status"] == "dry_run"]
+        if dry or (failed and all(r["status"] in ("dry_run", "failed") for r in rows)):
+            print(f"dry run: {len(rows)} jobs, {len(failed)} invalid")
+            for r in rows:
                 what = r["error"]
                 if r["status"] != "failed":
                     what = f"{r['cpus']:g} CPUs, {r['gpus']:g} GPUs" + (f"; {what}" if what else "")
                 print(f"  job {r['job']}: {r['overrides'] or '(defaults)'}: {what}")
         print(
-            f"sweep: {len(LAST_SUMMARY)} jobs, {len(failed)} failed; "
-            f"summary in {sweep_dir / 'summary.md'}"
+            f"sweep: {len(rows)} jobs, {len(failed)} failed; summary in {sweep_dir / 'summary.md'}"
         )
+        if failed:
+            jobs = ", ".join(r["job"] for r in failed)
+            raise FailedJobs(f"{len(failed)} of {len(rows)} sweep jobs failed (job {jobs})")
 
 
 def main(argv: list[str] | None = None) -> int:

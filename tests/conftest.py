@@ -14,6 +14,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 from runner import CONFIG_DIR
+from runner.app import Prepared, prepare
 from runner.schema import register_configs
 
 register_configs()
@@ -32,6 +33,11 @@ def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
     """The config `python -m runner <overrides>` would run, without running it."""
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         return compose(config_name="config", overrides=list(overrides))
+
+
+def prepared(overrides: list[str] | tuple[str, ...] = ()) -> Prepared:
+    """Typed settings, task, compile spec, AlgorithmConfig and plan, as a run makes them."""
+    return prepare(compose_config(overrides))
 
 
 @dataclass

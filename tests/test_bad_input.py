@@ -48,6 +48,15 @@ CASES = {
         ["task=exploration_bench", "compile=eager", "task.timed_iterations=0"],
         "task.timed_iterations must be >= 1",
     ),
+    "unquoted ~ in an override": (["compile.cache_dir=~/x"], """'compile.cache_dir="~/"""),
+    "negative seconds": (["stop.seconds=-1"], "stop.seconds must be >= 0"),
+    "negative Ray CPUs": (["ray.num_cpus=-1"], "ray.num_cpus must be >= 0"),
+    "misspelled log level": (["ray.log_level=EROR"], "expected one of [DEBUG, INFO"),
+    "another task's setting": (["task.batch_sizes=[1]"], "unknown config key 'task.batch_sizes'"),
+    "inference bench batch size 0": (
+        ["task=inference_bench", "compile=eager", "task.batch_sizes=[0]"],
+        "task.batch_sizes must be whole numbers >= 1",
+    ),
     "exploration reproduction on this CPU machine": (
         ["experiment=exploration_onnxrt_default"],
         "or add scale=local",

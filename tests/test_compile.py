@@ -9,8 +9,9 @@ from conftest import TINY
 from ray.rllib.algorithms.ppo import PPOConfig
 from ray.rllib.core.columns import Columns
 
-from runner.compiled import CompileSpec
-from runner.onnxrt import register
+from runner.compile.apply import compile_function
+from runner.compile.onnxrt import register
+from runner.compile.settings import CompileSpec
 
 TOLERANCE = 1e-5
 
@@ -120,9 +121,8 @@ def test_onnxrt_backend_matches_eager_on_batch_sizes_and_weight_changes():
     register()
     module, env = ppo_cartpole_module()
     obs, _ = env.reset(seed=0)
-    compiled = CompileSpec("onnxrt", None, None, True, False, "forward_train").compile(
-        module._forward_exploration
-    )
+    spec = CompileSpec("onnxrt", None, None, True, False, "forward_train")
+    compiled = compile_function(spec, module._forward_exploration)
 
     def gap(batch_size: int) -> float:
         batch = {Columns.OBS: torch.tensor(obs).repeat(batch_size, 1) + torch.randn(batch_size, 4)}

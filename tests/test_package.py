@@ -1,49 +1,95 @@
-"""The built wheel ships conf/ and runs without the clone; the code is ruff clean."""
+"""The built wheel holds every file the code reads at run time and runs outside the clone
+(as `pip install .` installs it); the code is ruff clean."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_wheel_ships_the_config_tree_and_runs(tmp_path: Path):
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Path:
+    """The wheel installed into a dir of its own; commands run with it first on the path."""
+    tmp = tmp_path_factory.mktemp("wheel")
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", str(ROOT), "-w", str(tmp_path)],
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", str(ROOT), "-w", str(tmp)],
         check=True,
         capture_output=True,
     )
-    (wheel,) = tmp_path.glob("rllib_runner-*.whl")
-    site = tmp_path / "site"
+    (wheel,) = tmp.glob("rllib_runner-*.whl")
+    site = tmp / "site"
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), wheel],
         check=True,
         capture_output=True,
     )
-    shipped = {
-        p.relative_to(site / "runner" / "conf") for p in (site / "runner/conf").rglob("*.yaml")
-    }
-    in_clone = {p.relative_to(ROOT / "conf") for p in (ROOT / "conf").rglob("*.yaml")}
-    assert shipped == in_clone
+    return site
 
+
+def outside(site: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    """`python <args>` in `cwd` (not the clone), importing the installed wheel."""
     env = {**os.environ, "PYTHONPATH": str(site)}
-    code = "import runner; print(runner.__file__); print(runner.CONFIG_DIR)"
-    where = subprocess.run(
-        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True
-    ).stdout.split()
-    assert where == [str(site / "runner" / "__init__.py"), str(site / "runner" / "conf")]
-    dry = subprocess.run(
-        [sys.executable, "-m", "runner", "algo=appo", "dry_run=true", "hydra.run.dir=run"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
+    return subprocess.run(
+        [sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+def _files(root: Path, pattern: str) -> set[Path]:
+    return {p.relative_to(root) for p in root.rglob(pattern) if "__pycache__" not in p.parts}
+
+
+def test_wheel_ships_every_file_the_code_reads(installed: Path):
+    shipped = _files(installed / "runner" / "conf", "*.yaml")
+    assert shipped == _files(ROOT / "conf", "*.yaml")
+    data = {p for p in _files(ROOT / "runner" / "data", "*") if p.suffix in (".csv", ".md")}
+    assert data and _files(installed / "runner" / "data", "*") == data
+    modules = _files(ROOT / "runner", "*.py")
+    assert _files(installed / "runner", "*.py") == modules
+
+
+def test_installed_wheel_runs_outside_the_clone(installed: Path, tmp_path: Path):
+    where = outside(installed, tmp_path, "-c", "import runner; print(runner.CONFIG_DIR)")
+    assert where.stdout.strip() == str(installed / "runner" / "conf")
+
+    dry = outside(
+        installed, tmp_path, "-m", "runner", "algo=appo", "dry_run=true", "hydra.run.dir=run"
     )
     assert dry.returncode == 0, dry.stderr
     assert (tmp_path / "run" / "plan.json").is_file()
+
+    listed = outside(installed, tmp_path, "-m", "runner.published")
+    assert listed.returncode == 0, listed.stderr
+    assert len(listed.stdout.splitlines()) == 48
+
+    bench = outside(
+        installed,
+        tmp_path,
+        "-m",
+        "runner",
+        "experiment=inference_cpu_201_onnxrt_default",
+        "task.iterations=5",
+        "task.burn_in=1",
+        "task.batch_sizes=[1]",
+        "hydra.run.dir=runs/inference",
+    )
+    assert bench.returncode == 0, bench.stderr
+    page = tmp_path / "page.md"
+    page.write_text(
+        "<!-- reproductions:begin -->\n<!-- reproductions:end -->\n"
+        "<!-- measured:begin -->\n<!-- measured:end -->\n"
+    )
+    report = outside(installed, tmp_path, "-m", "runner.report", "runs", "--doc", str(page))
+    assert report.returncode == 0, report.stderr
+    assert "inference_cpu_201_onnxrt_default" in (tmp_path / "outputs/report/report.md").read_text()
+    assert "`headline_a100_21n`" in page.read_text()
+    assert json.loads((tmp_path / "runs/inference/bench.json").read_text())["rows"]
 
 
 def test_ruff_clean():

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-from conftest import compose_config
+from conftest import prepared
 
 from runner import preflight
-from runner.compose import build_algorithm_config
-from runner.plan import make_plan
 
 
 def verdict(overrides: list[str], gpus: int = 0, names: tuple[str, ...] = (), cpus: int = 16):
-    cfg = compose_config(overrides)
-    config = build_algorithm_config(cfg)
+    job = prepared(overrides)
     res = preflight.Resources("a test machine", cpus, gpus, list(names))
-    return preflight.check(cfg, config, make_plan(config), res)
+    return preflight.check(job.settings, job.config, job.plan, res, job.warnings, job.spec)
 
 
 def test_gpu_profile_on_the_matching_gpu_passes():
@@ -71,3 +68,9 @@ def test_a_mode_the_backend_ignores_warns():
     assert any(
         "compile.mode=max-autotune is ignored by backend onnxrt" in w for w in report.warnings
     )
+
+
+def test_a_negative_return_is_a_valid_stop_criterion():
+    """Pendulum's returns are negative, and so is its solved return (the default stop)."""
+    report = verdict(["algo=sac", "env=pendulum"])
+    assert report.ok

@@ -8,14 +8,13 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import compose_config, run_cli
+from conftest import compose_config, prepared, run_cli
 
 from runner import CONFIG_DIR, published, report
+from runner.compile.settings import ipex_problem
 from runner.compose import build_algorithm_config
-from runner.errors import ConfigError
-from runner.exploration import eager_twin
-from runner.plan import make_plan
 from runner.preflight import Resources, check
+from runner.tasks.exploration_bench import eager_twin
 
 EXPERIMENTS = list(published.experiments())
 # This machine for preflight, with no GPU, as CI has.
@@ -84,37 +83,30 @@ def test_headline_notes_say_which_appendix_row_has_the_figure():
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_experiment_plans_and_preflights_on_a_cpu_machine(name: str):
-    """GPU reproductions refuse through the preflight; scale=local makes every one fit."""
-    cfg = compose_config([f"experiment={name}"])
-    config = build_algorithm_config(cfg)
-    plan = make_plan(config)
+    """GPU reproductions refuse through the preflight; scale=local makes every one fit.
+    Without the ipex extra, an ipex reproduction still plans: the missing package is a
+    preflight problem."""
+    job = prepared([f"experiment={name}"])
+    cfg, plan = job.settings, job.plan
     if cfg.task.name == "exploration_bench":
-        build_algorithm_config(eager_twin(cfg))
-        plan = plan.copies(2, "eager + compiled")
+        build_algorithm_config(eager_twin(cfg), None)
         # Published: "a Ray cluster of at least 129 CPUs (2x64 + 1) and 2 GPUs".
         assert (plan.total_cpus, plan.total_gpus) == (129, 2)
-    if cfg.compile.backend == "ipex" and not _has_ipex():
-        with pytest.raises(ConfigError, match="intel-extension-for-pytorch"):
-            check(cfg, config, plan, CPU_MACHINE)
-        return
-    result = check(cfg, config, plan, CPU_MACHINE)
-    assert result.ok == (cfg.hardware.accelerator == "cpu" and cfg.task.name != "exploration_bench")
-    if not result.ok:
-        assert result.problems[-1].endswith("scaled down on one CPU machine")
+    result = check(cfg, job.config, plan, CPU_MACHINE, job.warnings, job.spec)
+    missing = cfg.compile.backend == "ipex" and ipex_problem() is not None
+    if missing:
+        assert any("intel-extension-for-pytorch" in p for p in result.problems)
+    fits = cfg.hardware.accelerator == "cpu" and cfg.task.name != "exploration_bench"
+    assert result.ok == (fits and not missing)
+    if not fits:
+        assert any(p.endswith("scaled down on one CPU machine") for p in result.problems)
 
-    local = compose_config([f"experiment={name}", "scale=local"])
-    config = build_algorithm_config(local)
-    plan = make_plan(config)
-    if local.task.name == "exploration_bench":
-        plan = plan.copies(2, "eager + compiled")
-    assert check(local, config, plan, CPU_MACHINE).ok
-    assert local.hardware.name == "cpu" and plan.total_gpus == 0
-
-
-def _has_ipex() -> bool:
-    from runner.compile import ipex_problem
-
-    return ipex_problem() is None
+    local = prepared([f"experiment={name}", "scale=local"])
+    local_result = check(
+        local.settings, local.config, local.plan, CPU_MACHINE, local.warnings, local.spec
+    )
+    assert local_result.ok != missing
+    assert local.settings.hardware.name == "cpu" and local.plan.total_gpus == 0
 
 
 def test_gpu_reproduction_refuses_in_one_line(cli):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 import yaml
 from conftest import TINY
 
@@ -97,13 +96,3 @@ def test_dry_run_of_a_gpu_profile_on_this_machine(cli):
     assert plan["preflight"]["ok"] is False
     assert not (result.run_dir / "metrics.jsonl").exists()
     assert "resource plan" in result.stdout
-
-
-@pytest.mark.slow
-def test_main_job_solves_cartpole(cli):
-    """`python -m runner` as the README runs it: PPO on CartPole to a return mean of 450."""
-    result = cli()
-    assert result.returncode == 0, result.stderr
-    summary = result.json("summary.json")
-    assert summary["stop_reason"].startswith("episode_return_mean")
-    assert summary["final_episode_return_mean"] >= 450

@@ -1,4 +1,5 @@
-"""What a run leaves on disk: JSON files, metrics.jsonl, TensorBoard events, summary.json.
+"""What a run leaves on disk: JSON and CSV files, metrics.jsonl, TensorBoard events, and
+where its checkpoints go.
 
 Every file is written as the run goes (metrics flushed each iteration), so a crash or a
 Ctrl-C loses at most the iteration in flight.
@@ -22,6 +23,7 @@ from tensorboardX import SummaryWriter
 
 # Files that mark a run dir as holding results: never written into twice.
 RESULT_FILES = ("metrics.jsonl", "summary.json", "checkpoints", "bench.json")
+CHECKPOINT_FILE = "rllib_checkpoint.json"
 
 # The headline figures of one iteration, taken from RLlib's result dict.
 HEADLINE = {
@@ -127,3 +129,12 @@ def versions() -> dict[str, str]:
         "torch": torch.__version__,
         "ray": ray.__version__,
     }
+
+
+def checkpoint_dir(run_dir: Path, iteration: int) -> Path:
+    return run_dir / "checkpoints" / f"iter_{iteration:06d}"
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    found = sorted((run_dir / "checkpoints").glob(f"*/{CHECKPOINT_FILE}"))
+    return found[-1].parent if found else None

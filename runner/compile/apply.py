@@ -1,55 +1,43 @@
-"""torch.compile applied on EnvRunners and Learners, and proof that it took effect.
+"""torch.compile applied inside EnvRunners and Learners, each compiled method counted.
 
 RLlib 2.60 compiles nothing here on the new API stack (its EnvRunners never read
 `torch_compile_worker`; its Learner's forward_train loop tests the wrong object), so the
 runner compiles the modules itself, from `on_algorithm_init` (and again for EnvRunners
 that Ray recreates), in every process that holds one: the local and remote EnvRunners and
 Learners. Each compiled method is wrapped in a `CompiledCall` that counts what dynamo did
-for it, so every run can report, per component, whether compile took effect.
+for it, so every run can report, per component, whether compile took effect (`report`).
 """
 
 from __future__ import annotations
 
 import functools
-import os
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 import torch._dynamo
+from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.core.columns import Columns
 from ray.rllib.core.rl_module.multi_rl_module import MultiRLModule
 from ray.rllib.utils.actor_manager import RemoteCallResults
 from torch._dynamo.utils import counters
 
+from runner.compile.settings import MODE_BACKENDS, CompileSpec
+
 ENV_RUNNER_METHODS = ("_forward_exploration", "_forward_inference")
 LEARNER_METHODS = ("_forward_train",)
-# Backends that take torch.compile's `mode`; the others are given none.
-MODE_BACKENDS = ("inductor", "ipex")
 
 
-@dataclass(frozen=True)
-class CompileSpec:
-    """The compile settings every process needs (picklable, sent with the callbacks)."""
-
-    backend: str
-    mode: str | None
-    dynamic: bool | None
-    env_runners: bool
-    learners: bool
-    learner_granularity: str
-
-    def compile(self, fn: Callable) -> Callable:
-        """torch.compile(fn) with this spec; inductor freezing stays off (weights change)."""
-        load_backend(self.backend)
-        kwargs: dict[str, Any] = {"backend": self.backend, "dynamic": self.dynamic}
-        if self.backend in MODE_BACKENDS and self.mode not in (None, "default"):
-            kwargs["mode"] = self.mode
-        if self.backend == "onnxrt":
-            kwargs["dynamic"] = False  # the exported graph has a dynamic batch dim instead
-        return torch.compile(fn, **kwargs)
+def compile_function(spec: CompileSpec, fn: Callable) -> Callable:
+    """torch.compile(fn) with this spec; inductor freezing stays off (weights change)."""
+    load_backend(spec.backend)
+    kwargs: dict[str, Any] = {"backend": spec.backend, "dynamic": spec.dynamic}
+    if spec.backend in MODE_BACKENDS and spec.mode not in (None, "default"):
+        kwargs["mode"] = spec.mode
+    if spec.backend == "onnxrt":
+        kwargs["dynamic"] = False  # the exported graph has a dynamic batch dim instead
+    return torch.compile(fn, **kwargs)
 
 
 def load_backend(backend: str) -> None:
@@ -60,7 +48,7 @@ def load_backend(backend: str) -> None:
         # Freezing folds weights into the graph as constants: a weight sync would be lost.
         torch._inductor.config.freezing = False
     elif backend == "onnxrt":
-        from runner import onnxrt
+        from runner.compile import onnxrt
 
         onnxrt.register()
     elif backend == "ipex":
@@ -150,7 +138,7 @@ def _wrap(owner: Any, module: Any, methods: Iterable[str], spec: CompileSpec) ->
             if f"{mid}.{method}" in calls:
                 continue
             eager = getattr(sub, method)
-            call = CompiledCall(eager, spec.compile(eager), f"{mid}.{method}")
+            call = CompiledCall(eager, compile_function(spec, eager), f"{mid}.{method}")
             setattr(sub, method, call)
             calls[call.name] = call
     owner._runner_compiled = calls
@@ -186,7 +174,7 @@ def compile_learner(learner: Any, spec: CompileSpec) -> None:
         _wrap(learner, learner.module, LEARNER_METHODS, spec)
 
 
-def _values(results: Any) -> list:
+def plain_values(results: Any) -> list:
     """foreach_learner results as plain values (a local Learner returns a plain list)."""
     if isinstance(results, RemoteCallResults):
         return [r.get() for r in results]
@@ -216,7 +204,7 @@ def apply(*, algorithm: Any, spec: CompileSpec, **_: Any) -> None:
             if group is not None:
                 _compile_group(group, spec)
     if spec.learners:
-        _values(algorithm.learner_group.foreach_learner(compile_learner, spec=spec))
+        plain_values(algorithm.learner_group.foreach_learner(compile_learner, spec=spec))
 
 
 def reapply(
@@ -231,107 +219,21 @@ def reapply(
         )
 
 
-SUMMED = ("frames", "unique_graphs", "recompiles", "cache_hits", "cache_misses", "calls")
+def add_to_config(config: AlgorithmConfig, spec: CompileSpec | None) -> None:
+    """Compile through callbacks in every EnvRunner and Learner process.
 
-
-@dataclass
-class ComponentReport:
-    component: str
-    pid: int
-    took_effect: bool
-    compile_seconds: float | None
-    frames: int
-    unique_graphs: int
-    recompiles: int
-    cache_hits: int
-    cache_misses: int
-    calls: int
-    process_frames: int
-    max_abs_diff: float | None
-    methods: dict[str, dict[str, Any]]
-
-
-def component_report(owner: Any, component: str, verify: bool) -> dict[str, Any]:
-    """What compile did in this component (EnvRunner or Learner), from inside its process."""
-    calls: dict[str, CompiledCall] = getattr(owner, "_runner_compiled", {})
-    methods = {name: call.stats() for name, call in calls.items()}
-    diffs = (
-        [d for d in (c.max_abs_diff() for c in calls.values()) if d is not None] if verify else []
-    )
-    seconds = [s["first_call_seconds"] for s in methods.values() if s["first_call_seconds"]]
-    return asdict(
-        ComponentReport(
-            component=component,
-            pid=os.getpid(),
-            took_effect=any(s["frames"] > 0 for s in methods.values()),
-            compile_seconds=sum(seconds) if seconds else None,
-            **{key: sum(s[key] for s in methods.values()) for key in SUMMED},
-            process_frames=counters["frames"]["ok"],
-            max_abs_diff=max(diffs) if diffs else None,
-            methods=methods,
-        )
-    )
-
-
-def _env_runner_report(env_runner: Any, verify: bool) -> dict[str, Any]:
-    return component_report(env_runner, f"env_runner/{env_runner.worker_index}", verify)
-
-
-def _learner_report(learner: Any) -> dict[str, Any]:
-    return component_report(learner, "learner", verify=False)
-
-
-def env_runner_reports(algorithm: Any, verify: bool) -> list[dict[str, Any]]:
-    """Reports of every EnvRunner, local first.
-
-    With `verify`, each compiled method replays its last real input through the compiled
-    and the eager code (same weights: after the latest weight sync).
+    A complete-update compile is RLlib's own (it works); the runner only wraps it to count.
     """
-    return list(
-        algorithm.env_runner_group.foreach_env_runner(
-            functools.partial(_env_runner_report, verify=verify)
-        )
-    )
-
-
-def collect(algorithm: Any, verify: bool) -> list[dict[str, Any]]:
-    """Per-component reports of every EnvRunner and every Learner."""
-    learners = _values(algorithm.learner_group.foreach_learner(_learner_report))
-    for i, report in enumerate(learners):
-        report["component"] = f"learner/{i}"
-    return env_runner_reports(algorithm, verify) + learners
-
-
-def summarize(spec: CompileSpec | None, reports: list[dict[str, Any]]) -> tuple[dict, str]:
-    """summary.json's compile section and the one line the progress output prints."""
-    used = [r for r in reports if r["calls"] > 0]
-    took = [r for r in used if r["took_effect"]]
-    diffs = [r["max_abs_diff"] for r in reports if r["max_abs_diff"] is not None]
-    seconds = [r["compile_seconds"] for r in took if r["compile_seconds"] is not None]
-    section = {
-        "backend": spec.backend if spec else None,
-        "mode": spec.mode if spec else None,
-        "requested": spec is not None,
-        "applied": bool(took),
-        "frames": sum(r["frames"] for r in reports),
-        "process_frames": {str(r["pid"]): r["process_frames"] for r in reports},
-        "max_abs_diff": max(diffs) if diffs else None,
-        "components": reports,
-    }
     if spec is None:
-        frames = sum(section["process_frames"].values())
-        return section, f"compile off: {frames} dynamo frames in {len(reports)} component(s)"
-
-    def count(kind: str) -> str:
-        n_took = sum(r["component"].startswith(kind) for r in took)
-        return f"{n_took}/{sum(r['component'].startswith(kind) for r in used)}"
-
-    line = (
-        f"compile {spec.backend}/{spec.mode or 'default'}: took effect on "
-        f"{count('env_runner')} EnvRunner(s) and {count('learner')} Learner(s) that ran; "
-        f"{section['frames']} frames, {sum(r['recompiles'] for r in reports)} recompiles, "
-        f"{sum(seconds):.1f} s in first calls"
+        return
+    config.callbacks(
+        on_algorithm_init=functools.partial(apply, spec=spec),
+        on_env_runners_recreated=functools.partial(reapply, spec=spec),
     )
-    if section["max_abs_diff"] is not None:
-        line += f", max |compiled - eager| {section['max_abs_diff']:.1e}"
-    return section, line
+    if spec.learners and spec.learner_granularity == "complete_update":
+        config.framework(
+            torch_compile_learner=True,
+            torch_compile_learner_what_to_compile="complete_update",
+            torch_compile_learner_dynamo_backend=spec.backend,
+            torch_compile_learner_dynamo_mode=spec.mode or "default",
+        )

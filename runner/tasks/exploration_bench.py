@@ -1,4 +1,4 @@
-"""The exploration benchmark task: training with compiled EnvRunners vs the same run eager.
+"""task=exploration_bench: training with compiled EnvRunners vs the same run eager.
 
 After RLlib's published method (run_ppo_with_inference_bm.py): two copies of one run, same
 seed and settings, differing only in compile. Both exist at once, as published (hence its
@@ -13,21 +13,22 @@ are kept in the rows but not counted.
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
-from rich.console import Console
-
-from runner import compile as compile_settings
-from runner import compiled
+from runner.compile import report as compile_report
+from runner.compile.settings import CompileSpec, compiled_on_cpu, cuda_graph_warning
+from runner.compose import build_algorithm_config
+from runner.console import console
 from runner.errors import ConfigError
-from runner.results import headline, write_csv, write_json
-from runner.train import max_diff
+from runner.plan import Plan
+from runner.results import plots
+from runner.results.files import headline, write_csv, write_json
+from runner.schema import RunnerConfig, TaskSettings
+from runner.tasks.base import Task, TaskRun
 
-console = Console(highlight=False, soft_wrap=True)
 NEEDS_ENV_RUNNER_COMPILE = (
     "task=exploration_bench compares compiled with eager EnvRunners: pick a compile preset "
     "and keep compile.env_runners=true, e.g. compile=inductor_default"
@@ -35,25 +36,37 @@ NEEDS_ENV_RUNNER_COMPILE = (
 COPIES = ("compiled", "eager")
 
 
-def validate(cfg: DictConfig) -> None:
+@dataclass
+class ExplorationBenchSettings(TaskSettings):
+    """Training iterations per copy: untimed warm-up first, then timed."""
+
+    warmup_iterations: int = 1
+    timed_iterations: int = 3
+
+
+def check(settings: RunnerConfig, spec: CompileSpec | None) -> list[str]:
     """Bad exploration_bench settings, caught before anything is built or started."""
-    if not (compile_settings.is_enabled(cfg.compile) and cfg.compile.env_runners):
+    task: ExplorationBenchSettings = settings.task  # type: ignore[assignment]
+    if spec is None or not spec.env_runners:
         raise ConfigError(NEEDS_ENV_RUNNER_COMPILE)
-    if cfg.task.timed_iterations < 1 or cfg.task.warmup_iterations < 0:
+    if task.timed_iterations < 1 or task.warmup_iterations < 0:
         raise ConfigError(
             "task.timed_iterations must be >= 1 and task.warmup_iterations >= 0, got "
-            f"{cfg.task.timed_iterations} and {cfg.task.warmup_iterations}"
+            f"{task.timed_iterations} and {task.warmup_iterations}"
         )
+    warning = cuda_graph_warning(spec, compiled_on_cpu(spec, settings.scaling))
+    return [warning] if warning else []
 
 
-def eager_twin(cfg: DictConfig) -> DictConfig:
-    """The same composed config with compile off: the benchmark's eager copy."""
-    validate(cfg)
-    twin = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
-    twin.compile.backend = None
-    twin.compile.env_runners = False
-    twin.compile.learners = False
-    return twin
+def both_copies(plan: Plan) -> Plan:
+    """Both copies exist at once, as published: their actors count twice."""
+    return plan.copies(2, "x2: an eager and a compiled copy at once")
+
+
+def eager_twin(settings: RunnerConfig) -> RunnerConfig:
+    """The same settings with compile off: the benchmark's eager copy."""
+    off = dataclasses.replace(settings.compile, backend=None, env_runners=False, learners=False)
+    return dataclasses.replace(settings, compile=off)
 
 
 def _run_rounds(
@@ -77,7 +90,7 @@ def _run_rounds(
                 "env_steps_per_s": steps / seconds,
                 "episode_return_mean": head["episode_return_mean"],
                 "compile_max_abs_diff": (
-                    max_diff(compiled.env_runner_reports(algos[name], True))
+                    compile_report.max_diff(compile_report.env_runner_reports(algos[name], True))
                     if name == "compiled"
                     else None
                 ),
@@ -104,30 +117,25 @@ def figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def exploration_bench(
-    cfg: DictConfig,
-    config: AlgorithmConfig,
-    eager_config: AlgorithmConfig,
-    run_dir: Path,
-    provenance: dict[str, Any],
-    start_time: float,
-) -> dict[str, Any]:
-    """task=exploration_bench: run both copies, then write bench.json, bench.csv, bench.png."""
-    task = cfg.task
-    spec = compile_settings.spec(cfg.compile)
+def run(run: TaskRun) -> None:
+    """Run both copies, then write bench.json, bench.csv and bench.png."""
+    settings, config, spec = run.settings, run.config, run.spec
+    assert spec is not None  # check() refused compile off
+    task: ExplorationBenchSettings = settings.task  # type: ignore[assignment]
+    eager_config = build_algorithm_config(eager_twin(settings), None)
     algos = {"compiled": config.build_algo(), "eager": eager_config.build_algo()}
     try:
-        rows = _run_rounds(algos, task.warmup_iterations, task.timed_iterations, start_time)
-        reports = compiled.collect(algos["compiled"], verify=True)
+        rows = _run_rounds(algos, task.warmup_iterations, task.timed_iterations, run.start_time)
+        reports = compile_report.collect(algos["compiled"], verify=True)
     finally:
         for algo in algos.values():
             algo.stop()
-    compile_section, compile_line = compiled.summarize(spec, reports)
+    compile_section, compile_line = compile_report.summarize(spec, reports)
     console.print(compile_line)
     result = {
         "task": "exploration_bench",
-        "env": cfg.env.id,
-        "algo": cfg.algo.name,
+        "env": settings.env.id,
+        "algo": settings.algo.name,
         "backend": spec.backend,
         "mode": spec.mode or "default",
         "warmup_iterations": task.warmup_iterations,
@@ -141,43 +149,24 @@ def exploration_bench(
         **figures(rows),
         "compile": compile_section,
         "rows": rows,
-        **provenance,
+        **run.provenance,
     }
-    write_json(run_dir / "bench.json", result)
-    write_csv(run_dir / "bench.csv", rows)
-    preset = f"{spec.backend}/{spec.mode or 'default'}"
-    plot(run_dir / "bench.png", rows, f"{cfg.env.id} {cfg.algo.name}: {preset} EnvRunners vs eager")
+    write_json(run.run_dir / "bench.json", result)
+    write_csv(run.run_dir / "bench.csv", rows)
+    title = f"{settings.env.id} {settings.algo.name}: {spec.preset} EnvRunners vs eager"
+    plots.exploration_bench(run.run_dir / "bench.png", rows, COPIES, title)
     console.print(
         f"env steps/s over {task.timed_iterations} timed iteration(s): compiled "
         f"{result['compiled_env_steps_per_s']:,.0f}, eager {result['eager_env_steps_per_s']:,.0f}"
         f", speedup {result['speedup']:+.1%}"
     )
-    return result
+    console.print(f"done: results in {run.run_dir}")
 
 
-def plot(path: Path, rows: list[dict[str, Any]], title: str) -> None:
-    """Env steps per second per iteration, eager vs compiled; warm-up iterations hollow."""
-    from runner.bench import pyplot
-
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for name, marker in zip(COPIES, "so", strict=True):
-        mine = [r for r in rows if r["copy"] == name]
-        line = ax.plot(
-            [r["iteration"] for r in mine], [r["env_steps_per_s"] for r in mine], "-", label=name
-        )[0]
-        for r in mine:
-            ax.plot(
-                r["iteration"],
-                r["env_steps_per_s"],
-                marker,
-                color=line.get_color(),
-                fillstyle="full" if r["timed"] else "none",
-            )
-    ax.set(xlabel="training iteration (hollow: warm-up)", ylabel="env steps sampled / s")
-    ax.xaxis.get_major_locator().set_params(integer=True)
-    ax.set_title(title)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+TASK = Task(
+    name="exploration_bench",
+    settings=ExplorationBenchSettings,
+    run=run,
+    check=check,
+    scale_plan=both_copies,
+)

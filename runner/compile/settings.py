@@ -1,23 +1,42 @@
-"""torch.compile settings: what is valid, before anything starts.
+"""torch.compile settings: what is valid, checked once, and the spec every process gets.
 
 `onnxrt` (removed from torch in 2.9) and `ipex` (from the optional extra) are provided
-by the runner rather than by torch, so they are accepted by name here.
+by the runner rather than by torch, so they are accepted by name here. Nothing here
+compiles: `apply` does, from the `CompileSpec` this module makes.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+from dataclasses import dataclass
 
 import torch
-from omegaconf import DictConfig
 
-from runner.compiled import MODE_BACKENDS, CompileSpec
 from runner.errors import ConfigError, did_you_mean
+from runner.schema import CompileConfig, ScalingConfig
 
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 RUNNER_BACKENDS = ("onnxrt", "ipex")
 INFERENCE_ONLY = ("onnxrt",)
+# Backends that take torch.compile's `mode`; the others are given none.
+MODE_BACKENDS = ("inductor", "ipex")
+
+
+@dataclass(frozen=True)
+class CompileSpec:
+    """The compile settings every process needs (picklable, sent with the callbacks)."""
+
+    backend: str
+    mode: str | None
+    dynamic: bool | None
+    env_runners: bool
+    learners: bool
+    learner_granularity: str
+
+    @property
+    def preset(self) -> str:
+        return f"{self.backend}/{self.mode or 'default'}"
 
 
 def available_backends() -> list[str]:
@@ -28,29 +47,12 @@ def available_backends() -> list[str]:
     return sorted(n for n in names if "TESTING" not in n and "minifier" not in n)
 
 
-def is_enabled(compile_cfg: DictConfig) -> bool:
-    return compile_cfg.backend is not None and (compile_cfg.env_runners or compile_cfg.learners)
-
-
-def spec(compile_cfg: DictConfig) -> CompileSpec | None:
-    """The picklable settings the EnvRunners and Learners compile with; None when off."""
-    if not is_enabled(compile_cfg):
-        return None
-    return CompileSpec(
-        backend=compile_cfg.backend,
-        mode=compile_cfg.mode,
-        dynamic=compile_cfg.dynamic,
-        env_runners=compile_cfg.env_runners,
-        learners=compile_cfg.learners,
-        learner_granularity=compile_cfg.learner_granularity.value,
-    )
-
-
-def validate(compile_cfg: DictConfig) -> list[str]:
-    """Raise ConfigError on an invalid combination; return warnings for ignored settings."""
+def resolve(compile_cfg: CompileConfig) -> tuple[CompileSpec | None, list[str]]:
+    """Check the settings once: raise ConfigError if invalid; else the spec (None when
+    compile is off) and warnings for settings that will be ignored."""
     backend, mode = compile_cfg.backend, compile_cfg.mode
     if backend is None:
-        return []
+        return None, []
     backends = available_backends()
     if backend not in backends:
         raise ConfigError(
@@ -72,28 +74,41 @@ def validate(compile_cfg: DictConfig) -> list[str]:
         warnings.append(f"compile.mode={mode} is ignored by backend {backend}")
     if not (compile_cfg.env_runners or compile_cfg.learners):
         warnings.append(f"compile.backend={backend} is set but applies to no component")
-    return warnings
+        return None, warnings
+    spec = CompileSpec(
+        backend=backend,
+        mode=mode,
+        dynamic=compile_cfg.dynamic,
+        env_runners=compile_cfg.env_runners,
+        learners=compile_cfg.learners,
+        learner_granularity=compile_cfg.learner_granularity.value,
+    )
+    return spec, warnings
 
 
-def cuda_graph_warning(compile_cfg: DictConfig, scaling: DictConfig) -> str | None:
-    """CUDA graphs asked for on modules that run on the CPU: allowed, but say so."""
-    if not is_enabled(compile_cfg):
+def compiled_on_cpu(spec: CompileSpec | None, scaling: ScalingConfig) -> list[str]:
+    """The compiled parts of a training run (EnvRunners, Learners) whose modules sit on the CPU."""
+    if spec is None:
+        return []
+    parts = (
+        ("EnvRunners", spec.env_runners, scaling.num_gpus_per_env_runner),
+        ("Learners", spec.learners, scaling.num_gpus_per_learner),
+    )
+    return [name for name, wanted, gpus in parts if wanted and gpus == 0]
+
+
+def cuda_graph_warning(spec: CompileSpec | None, on_cpu: list[str]) -> str | None:
+    """CUDA graphs asked for on compiled modules that run on the CPU: allowed, but say so.
+
+    `on_cpu` names the compiled parts that run on the CPU (each task knows where its are).
+    """
+    if spec is None or not on_cpu:
         return None
-    if compile_cfg.backend != "cudagraphs" and compile_cfg.mode != "reduce-overhead":
-        return None
-    on_cpu = [
-        name
-        for name, wanted, gpus in (
-            ("EnvRunners", compile_cfg.env_runners, scaling.num_gpus_per_env_runner),
-            ("Learners", compile_cfg.learners, scaling.num_gpus_per_learner),
-        )
-        if wanted and gpus == 0
-    ]
-    if not on_cpu:
+    if spec.backend != "cudagraphs" and spec.mode != "reduce-overhead":
         return None
     return (
-        f"compile {compile_cfg.backend}/{compile_cfg.mode}: the {' and '.join(on_cpu)} run on "
-        "the CPU, where no CUDA graphs are used (torch skips them for CPU tensors)"
+        f"compile {spec.backend}/{spec.mode}: the {' and '.join(on_cpu)} run on the CPU, "
+        "where no CUDA graphs are used (torch skips them for CPU tensors)"
     )
 
 
@@ -117,3 +132,11 @@ def ipex_problem() -> str | None:
             f"{ipex_minor}.*, but torch {torch.__version__} is installed; {fix}"
         )
     return None
+
+
+def missing_packages(spec: CompileSpec | None) -> list[str]:
+    """Packages the chosen backend needs and this environment lacks, as preflight problems."""
+    if spec is not None and spec.backend == "ipex":
+        problem = ipex_problem()
+        return [problem] if problem else []
+    return []

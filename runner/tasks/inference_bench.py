@@ -1,4 +1,4 @@
-"""The inference benchmark task, after RLlib's published method (run_inference_bm.py).
+"""task=inference_bench, after RLlib's published method (run_inference_bm.py).
 
 The env's default PPO RLModule is built as the runner builds it for the EnvRunners, once
 eager and once compiled exactly as the runner compiles EnvRunner modules. One real
@@ -17,27 +17,59 @@ import statistics
 import tempfile
 import time
 from collections.abc import Iterator
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
 import torch
 import torch._dynamo
-from omegaconf import DictConfig
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.core.columns import Columns
-from rich.console import Console
 
-from runner import compile as compile_settings
-from runner.compiled import CompileSpec
+from runner.compile.apply import compile_function
+from runner.compile.settings import CompileSpec, cuda_graph_warning
+from runner.console import console
 from runner.errors import ConfigError
-from runner.results import write_csv, write_json
+from runner.results import plots
+from runner.results.files import write_csv, write_json
+from runner.schema import Accelerator, RunnerConfig, TaskSettings
+from runner.tasks.base import Task, TaskRun
 
-console = Console(highlight=False, soft_wrap=True)
 NEEDS_COMPILE = (
     "task=inference_bench compares an eager with a compiled module: pick a compile preset, "
     "e.g. compile=inductor_default"
 )
+
+
+@dataclass
+class InferenceBenchSettings(TaskSettings):
+    """Timed forward_exploration calls per module and batch size."""
+
+    batch_sizes: list[int] = field(default_factory=lambda: [1, 4, 16])
+    iterations: int = 300
+    burn_in: int = 30
+    threads: int | None = 1  # torch threads (1: what Ray gives a 1-CPU EnvRunner; null: torch's)
+
+
+def check(settings: RunnerConfig, spec: CompileSpec | None) -> list[str]:
+    """Bad bench settings fail before anything is built; CUDA graphs on a CPU module warn."""
+    task: InferenceBenchSettings = settings.task  # type: ignore[assignment]
+    if spec is None:
+        raise ConfigError(NEEDS_COMPILE)
+    if not task.batch_sizes or min(task.batch_sizes) < 1:
+        raise ConfigError(f"task.batch_sizes must be whole numbers >= 1, got {task.batch_sizes}")
+    if task.iterations < 1 or task.burn_in < 0:
+        raise ConfigError(
+            "task.iterations must be >= 1 and task.burn_in >= 0, got "
+            f"{task.iterations} and {task.burn_in}"
+        )
+    if task.threads is not None and task.threads < 1:
+        raise ConfigError(
+            f"task.threads must be >= 1 (or null: torch's default), got {task.threads}"
+        )
+    on_cpu = settings.hardware.accelerator == Accelerator.cpu
+    warning = cuda_graph_warning(spec, ["benchmarked module"] if on_cpu else [])
+    return [warning] if warning else []
 
 
 def build_module(config: AlgorithmConfig) -> tuple[torch.nn.Module, torch.Tensor]:
@@ -97,7 +129,9 @@ def _measure(module, obs, spec, batch_sizes, iterations, burn_in) -> list[dict[s
     device = next(module.parameters()).device
     cuda = device.type == "cuda"
     compiled_module = copy.deepcopy(module)
-    compiled_module._forward_exploration = spec.compile(compiled_module._forward_exploration)
+    compiled_module._forward_exploration = compile_function(
+        spec, compiled_module._forward_exploration
+    )
     rows = []
     for batch_size in batch_sizes:
         repeated = obs.unsqueeze(0).repeat(batch_size, *[1] * obs.dim())
@@ -126,18 +160,15 @@ def _measure(module, obs, spec, batch_sizes, iterations, burn_in) -> list[dict[s
     return rows
 
 
-def inference_bench(
-    cfg: DictConfig, config: AlgorithmConfig, run_dir: Path, provenance: dict[str, Any]
-) -> dict[str, Any]:
-    """task=inference_bench: measure, then write bench.json, bench.csv and bench.png."""
-    spec = compile_settings.spec(cfg.compile)
-    if spec is None:
-        raise ConfigError(NEEDS_COMPILE)
-    task = cfg.task
+def run(run: TaskRun) -> None:
+    """Measure, then write bench.json, bench.csv and bench.png."""
+    settings, spec = run.settings, run.spec
+    assert spec is not None  # check() refused compile off
+    task: InferenceBenchSettings = settings.task  # type: ignore[assignment]
     if task.threads is not None:
         torch.set_num_threads(task.threads)
-    module, obs = build_module(config)
-    module.to("cuda" if cfg.hardware.accelerator == "cuda" else "cpu")
+    module, obs = build_module(run.config)
+    module.to("cuda" if settings.hardware.accelerator == Accelerator.cuda else "cpu")
     rows = measure(
         module,
         obs,
@@ -145,7 +176,7 @@ def inference_bench(
         list(task.batch_sizes),
         task.iterations,
         task.burn_in,
-        cfg.compile.cache_dir,
+        settings.compile.cache_dir,
     )
     for row in rows:
         console.print(
@@ -155,7 +186,7 @@ def inference_bench(
         )
     result = {
         "task": "inference_bench",
-        "env": cfg.env.id,
+        "env": settings.env.id,
         "backend": spec.backend,
         "mode": spec.mode or "default",
         "iterations": task.iterations,
@@ -163,42 +194,19 @@ def inference_bench(
         "threads": torch.get_num_threads(),
         "device": str(next(module.parameters()).device),
         "rows": rows,
-        **provenance,
+        **run.provenance,
     }
-    write_json(run_dir / "bench.json", result)
-    write_csv(run_dir / "bench.csv", rows)
-    preset = f"{spec.backend}/{spec.mode or 'default'}"
-    plot(run_dir / "bench.png", rows, f"{cfg.env.id}: {preset} vs eager, torch {torch.__version__}")
-    return result
+    write_json(run.run_dir / "bench.json", result)
+    write_csv(run.run_dir / "bench.csv", rows)
+    title = f"{settings.env.id}: {spec.preset} vs eager, torch {torch.__version__}"
+    plots.inference_bench(run.run_dir / "bench.png", rows, title)
+    console.print(f"done: results in {run.run_dir}")
 
 
-def pyplot() -> Any:
-    """matplotlib.pyplot on the file-only Agg backend, without its debug logging."""
-    import logging
-
-    import matplotlib
-
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def plot(path: Path, rows: list[dict[str, Any]], title: str) -> None:
-    """Throughput per batch size, eager vs compiled."""
-    plt = pyplot()
-    sizes = [r["batch_size"] for r in rows]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(sizes, [r["eager_calls_per_s"] for r in rows], "o-", label="eager")
-    label = f"{rows[0]['backend']}/{rows[0]['mode']}"
-    ax.plot(sizes, [r["compiled_calls_per_s"] for r in rows], "s-", label=label)
-    for r in rows:
-        ax.annotate(f"{r['speedup']:+.0%}", (r["batch_size"], r["compiled_calls_per_s"]))
-    ax.set(xscale="log", xlabel="batch size", ylabel="forward_exploration calls / s")
-    ax.set_xticks(sizes, [str(s) for s in sizes])
-    ax.set_title(title)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+TASK = Task(
+    name="inference_bench",
+    settings=InferenceBenchSettings,
+    run=run,
+    check=check,
+    needs_ray=False,
+)

@@ -1,0 +1,127 @@
+"""Per-component compile reports: what compile did in each EnvRunner and Learner.
+
+Each report is made inside the component's own process (the counters live there), then
+gathered by the driver into summary.json's `compile` section and one printed line.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from torch._dynamo.utils import counters
+
+from runner.compile.apply import CompiledCall, plain_values
+from runner.compile.settings import CompileSpec
+
+SUMMED = ("frames", "unique_graphs", "recompiles", "cache_hits", "cache_misses", "calls")
+
+
+@dataclass
+class ComponentReport:
+    component: str
+    pid: int
+    took_effect: bool
+    compile_seconds: float | None
+    frames: int
+    unique_graphs: int
+    recompiles: int
+    cache_hits: int
+    cache_misses: int
+    calls: int
+    process_frames: int
+    max_abs_diff: float | None
+    methods: dict[str, dict[str, Any]]
+
+
+def component_report(owner: Any, component: str, verify: bool) -> dict[str, Any]:
+    """What compile did in this component (EnvRunner or Learner), from inside its process."""
+    calls: dict[str, CompiledCall] = getattr(owner, "_runner_compiled", {})
+    methods = {name: call.stats() for name, call in calls.items()}
+    diffs = (
+        [d for d in (c.max_abs_diff() for c in calls.values()) if d is not None] if verify else []
+    )
+    seconds = [s["first_call_seconds"] for s in methods.values() if s["first_call_seconds"]]
+    return asdict(
+        ComponentReport(
+            component=component,
+            pid=os.getpid(),
+            took_effect=any(s["frames"] > 0 for s in methods.values()),
+            compile_seconds=sum(seconds) if seconds else None,
+            **{key: sum(s[key] for s in methods.values()) for key in SUMMED},
+            process_frames=counters["frames"]["ok"],
+            max_abs_diff=max(diffs) if diffs else None,
+            methods=methods,
+        )
+    )
+
+
+def _env_runner_report(env_runner: Any, verify: bool) -> dict[str, Any]:
+    return component_report(env_runner, f"env_runner/{env_runner.worker_index}", verify)
+
+
+def _learner_report(learner: Any) -> dict[str, Any]:
+    return component_report(learner, "learner", verify=False)
+
+
+def env_runner_reports(algorithm: Any, verify: bool) -> list[dict[str, Any]]:
+    """Reports of every EnvRunner, local first.
+
+    With `verify`, each compiled method replays its last real input through the compiled
+    and the eager code (same weights: after the latest weight sync).
+    """
+    return list(
+        algorithm.env_runner_group.foreach_env_runner(
+            functools.partial(_env_runner_report, verify=verify)
+        )
+    )
+
+
+def collect(algorithm: Any, verify: bool) -> list[dict[str, Any]]:
+    """Per-component reports of every EnvRunner and every Learner."""
+    learners = plain_values(algorithm.learner_group.foreach_learner(_learner_report))
+    for i, report in enumerate(learners):
+        report["component"] = f"learner/{i}"
+    return env_runner_reports(algorithm, verify) + learners
+
+
+def summarize(spec: CompileSpec | None, reports: list[dict[str, Any]]) -> tuple[dict, str]:
+    """summary.json's compile section and the one line the progress output prints."""
+    used = [r for r in reports if r["calls"] > 0]
+    took = [r for r in used if r["took_effect"]]
+    seconds = [r["compile_seconds"] for r in took if r["compile_seconds"] is not None]
+    section = {
+        "backend": spec.backend if spec else None,
+        "mode": spec.mode if spec else None,
+        "requested": spec is not None,
+        "applied": bool(took),
+        "frames": sum(r["frames"] for r in reports),
+        "process_frames": {str(r["pid"]): r["process_frames"] for r in reports},
+        "max_abs_diff": max_diff(reports),
+        "components": reports,
+    }
+    if spec is None:
+        frames = sum(section["process_frames"].values())
+        return section, f"compile off: {frames} dynamo frames in {len(reports)} component(s)"
+
+    def count(kind: str) -> str:
+        n_took = sum(r["component"].startswith(kind) for r in took)
+        return f"{n_took}/{sum(r['component'].startswith(kind) for r in used)}"
+
+    line = (
+        f"compile {spec.preset}: took effect on "
+        f"{count('env_runner')} EnvRunner(s) and {count('learner')} Learner(s) that ran; "
+        f"{section['frames']} frames, {sum(r['recompiles'] for r in reports)} recompiles, "
+        f"{sum(seconds):.1f} s in first calls"
+    )
+    if section["max_abs_diff"] is not None:
+        line += f", max |compiled - eager| {section['max_abs_diff']:.1e}"
+    return section, line
+
+
+def max_diff(reports: list[dict[str, Any]]) -> float | None:
+    """The largest compiled-vs-eager gap over the reports that checked one."""
+    diffs = [r["max_abs_diff"] for r in reports if r["max_abs_diff"] is not None]
+    return max(diffs) if diffs else None

@@ -1,0 +1,55 @@
+"""resume=<run dir or checkpoint dir>: the config to continue with, and where from.
+
+The resumed run is composed from the original run's overrides with this command's on
+top, so it continues the same experiment with whatever this command changes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from hydra import compose
+from omegaconf import DictConfig
+
+from runner import overrides as ov
+from runner.errors import ConfigError
+from runner.results.files import CHECKPOINT_FILE, latest_checkpoint
+
+OVERRIDES_FILE = "composed_overrides.yaml"
+
+
+def find_checkpoint(path_text: str) -> tuple[Path, Path | None]:
+    """(checkpoint dir, the run dir it belongs to) for a run dir or a checkpoint dir."""
+    path = Path(path_text).expanduser()
+    if not path.exists():
+        raise ConfigError(
+            f"resume path '{path}' does not exist; pass a run dir (one with checkpoints/) "
+            "or a checkpoint dir"
+        )
+    if (path / CHECKPOINT_FILE).is_file():
+        run_dir = path.parent.parent
+        return path, run_dir if (run_dir / ".hydra").is_dir() else None
+    checkpoint = latest_checkpoint(path)
+    if checkpoint is None:
+        raise ConfigError(
+            f"resume path '{path}' holds no checkpoint (no checkpoints/*/{CHECKPOINT_FILE}); "
+            "pass a run dir of this runner or an RLlib checkpoint dir"
+        )
+    return checkpoint, path
+
+
+def saved_overrides(run_dir: Path) -> list[str]:
+    for name in (OVERRIDES_FILE, ".hydra/overrides.yaml"):
+        if (run_dir / name).is_file():
+            return yaml.safe_load((run_dir / name).read_text()) or []
+    return []
+
+
+def compose_for_resume(cfg: DictConfig, current: list[str]) -> tuple[DictConfig, Path, list[str]]:
+    """The resumed run's config, its checkpoint, and the overrides it was composed from."""
+    checkpoint, old_run_dir = find_checkpoint(cfg.resume)
+    if old_run_dir is None:
+        return cfg, checkpoint, current
+    merged = ov.merge(saved_overrides(old_run_dir), current)
+    return compose(config_name="config", overrides=merged), checkpoint, merged

@@ -1,0 +1,54 @@
+"""What a task is: its settings schema, its checks, its resource plan and its run function.
+
+`app.run` knows nothing about any one task: it composes, asks the task to check its
+settings and to scale the plan, runs the preflight, then hands the task a `TaskRun`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+
+from runner.compile.settings import CompileSpec
+from runner.plan import Plan
+from runner.schema import RunnerConfig, TaskSettings
+
+
+@dataclass
+class TaskRun:
+    """Everything a task's run function gets: typed settings, never the raw config."""
+
+    settings: RunnerConfig
+    config: AlgorithmConfig
+    spec: CompileSpec | None
+    run_dir: Path
+    provenance: dict[str, Any]
+    start_time: float
+    checkpoint: Path | None = None
+
+
+def no_warnings(settings: RunnerConfig, spec: CompileSpec | None) -> list[str]:
+    return []
+
+
+def same_plan(plan: Plan) -> Plan:
+    return plan
+
+
+@dataclass(frozen=True)
+class Task:
+    """One kind of job. `check` raises ConfigError on bad settings (before anything is
+    built) and returns warnings; `scale_plan` turns RLlib's plan for one training run into
+    what the task starts; `run` does the work and writes its files into the run dir."""
+
+    name: str
+    settings: type[TaskSettings]
+    run: Callable[[TaskRun], None]
+    check: Callable[[RunnerConfig, CompileSpec | None], list[str]] = no_warnings
+    scale_plan: Callable[[Plan], Plan] = same_plan
+    # False for a task that starts no actor (it then needs no Ray of its own).
+    needs_ray: bool = True

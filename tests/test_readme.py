@@ -1,0 +1,283 @@
+"""Every command README.md shows runs here, block by block, as a user pastes it.
+
+`tests/readme.py` reads the commands (fenced shell blocks and inline code). Each has an
+entry in WAYS saying how it runs: as written where it finishes in about a minute on a
+2-core CPU, otherwise with a tiny stop (the overrides appended; Hydra and argparse take
+the last value) or a dry run, or as a command that must refuse with one line. A command
+added to the README without an entry fails `test_every_readme_command_has_a_way_to_run`.
+The set-up commands are the ones `.ci/run` runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from readme import SETUP, commands, setup
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ("stop.iterations=1",)
+
+
+@dataclass(frozen=True)
+class Way:
+    """How a README command runs here: `extra` appended, the exit code and a text expected."""
+
+    extra: tuple[str, ...] = ()
+    code: int = 0
+    expect: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+
+
+AS_WRITTEN = Way()
+SET_UP = Way(expect="set-up: .ci/run runs it")
+REFUSES_HERE = "refuses on this CPU machine"
+
+WAYS: dict[str, Way] = {
+    # Quick start: the set-up commands are what .ci/run runs (see test_ci_runs_...).
+    "python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 -e . && "
+    "python -m runner": SET_UP,
+    "python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 -e '.[test]'"
+    " && python -m pytest -q": SET_UP,
+    "python3 -m venv .venv-ipex && . .venv-ipex/bin/activate && pip install -e '.[test,ipex]'"
+    " && python -m pytest -q -m ipex": SET_UP,
+    "python -m runner hardware=a100 compile=inductor_ro scaling.num_learners=2 dry_run=true": Way(
+        expect="preflight would fail: hardware=a100 expects an NVIDIA A100 GPU"
+    ),
+    "python -m runner -m compile=none,inductor_default scaling.num_env_runners=0,1": Way(
+        TINY, expect="sweep: 4 jobs, 0 failed"
+    ),
+    "python -m runner experiment=pendulum_sac": Way(TINY, expect="done (iterations 1 >= 1)"),
+    "python -m runner --help": Way(expect="experiment: "),
+    "python -m runner --cfg job": Way(expect="num_env_runners:"),
+    # Overrides
+    "python -m runner algo.training.lr=1e-4 +algo.training.grad_clip=40 stop.iterations=3": Way(
+        expect="done (iterations 3 >= 3)"
+    ),
+    "python -m runner +algo.rl_module.model_config.fcnet_hiddens=[64,64] stop.iterations=3": Way(
+        expect="done (iterations 3 >= 3)"
+    ),
+    "python -m runner scaling.num_env_runners=1 scaling.num_envs_per_env_runner=4 "
+    "stop.iterations=3": Way(expect="done (iterations 3 >= 3)"),
+    "python -m runner algo=sac env=pendulum stop.iterations=3": Way(
+        expect="done (iterations 3 >= 3)"
+    ),
+    "python -m runner env=breakout stop.iterations=1 "
+    "algo.training.train_batch_size_per_learner=512": Way(expect="done (iterations 1 >= 1)"),
+    "python -m runner +algo.training.lrr=1": Way(code=2, expect="(did you mean lr?)"),
+    # Plan and preflight
+    "python -m runner hardware=a100 compile=inductor_ro scaling.num_learners=2": Way(
+        code=2, expect="error: hardware=a100 expects an NVIDIA A100 GPU"
+    ),
+    "python -m runner experiment=exploration_ipex_default scale=local dry_run=true": Way(
+        expect="dry run: nothing started"
+    ),
+    # torch.compile
+    "python -m runner compile=inductor_default stop.iterations=3": Way(
+        expect="compile inductor/default: took effect on 1/1 EnvRunner(s) and 1/1 Learner(s)"
+    ),
+    "python -m runner compile=aot_eager scaling.num_env_runners=1 scaling.num_learners=1 "
+    "stop.iterations=2": Way(expect="compile aot_eager/default: took effect"),
+    "python -m runner compile=onnxrt_default stop.iterations=3": Way(
+        expect="compile onnxrt/default: took effect on 1/1 EnvRunner(s)"
+    ),
+    "python -m runner compile=inductor_default "
+    "'compile.cache_dir=\"~/.cache/rllib-runner/inductor\"' stop.iterations=2": Way(
+        expect="compile inductor/default: took effect"
+    ),
+    # Benchmarks
+    "python -m runner task=inference_bench compile=inductor_default task.iterations=20 "
+    "task.burn_in=2": Way(expect="batch  16 |"),
+    "python -m runner task=inference_bench env=cartpole compile=onnxrt_default "
+    "task.batch_sizes=[1,4,16,64]": Way(expect="batch  64 |"),
+    "python -m runner task=exploration_bench compile=onnxrt_default scaling.num_env_runners=1 "
+    "task.timed_iterations=2": Way(expect="env steps/s over 2 timed iteration(s)"),
+    "python benchmarks/compile_forward.py --envs cartpole --iterations 100": Way(
+        expect="cartpole  inductor   batch  16"
+    ),
+    # Reproductions
+    "python -m runner.published": Way(expect="headline_a100_21n"),
+    "python -m runner experiment=inference_cpu_201_onnxrt_default": Way(
+        ("task.iterations=200", "task.burn_in=20"), expect="batch  16 |"
+    ),
+    "python -m runner experiment=headline_a100_21n": Way(code=2, expect="or add scale=local"),
+    "python -m runner experiment=exploration_onnxrt_default scale=local": Way(
+        ("task.warmup_iterations=1",), expect="env steps/s over 1 timed iteration(s)"
+    ),
+    "python -m runner.report outputs/ --doc docs/reproductions.md": Way(
+        expect="refreshed docs/reproductions.md"
+    ),
+    "bash benchmarks/cpu_reproductions.sh": Way(
+        env={
+            "ONLY": "inference_cpu_201_inductor_default",
+            "EXTRA": "task.iterations=20 task.burn_in=2",
+        },
+        expect="report.md",
+    ),
+    "python -m runner.docs docs/reproductions.md": Way(expect="refreshed docs/reproductions.md"),
+    # Sweeps
+    "python -m runner -m compile=none,eager scaling.num_envs_per_env_runner=1,8 "
+    "stop.iterations=2 hydra.sweep.dir=outputs/my_sweep": Way(expect="sweep: 4 jobs, 0 failed"),
+    "python -m runner -m hardware=cpu,a100 scaling.num_env_runners=1,2 dry_run=true": Way(
+        expect="dry run: 4 jobs, 0 invalid"
+    ),
+    "python -m runner.sweep outputs/my_sweep": Way(expect="4 jobs, 0 failed."),
+    # On a Ray cluster (the block starts a real one-node cluster and stops it)
+    "ray start --head --num-cpus=8": Way(("--disable-usage-stats",), expect="Ray runtime started"),
+    "python -m runner ray.address=auto scaling.num_env_runners=6 stop.iterations=1": Way(
+        expect="done (iterations 1 >= 1)"
+    ),
+    "python -m runner -m hydra/launcher=joblib hydra.launcher.n_jobs=2 ray.address=auto "
+    "compile=none,eager scaling.num_env_runners=2 stop.iterations=1": Way(
+        expect="sweep: 2 jobs, 0 failed"
+    ),
+    "ray stop": Way(expect="Stopped"),
+    # Results and resume
+    "python -m runner stop.iterations=2 hydra.run.dir=outputs/my_run": Way(
+        expect="done (iterations 2 >= 2)"
+    ),
+    "python -m runner resume=outputs/my_run stop.iterations=3": Way(
+        expect="done (iterations 3 >= 3)"
+    ),
+    "tensorboard --logdir outputs": Way(expect="served the runs"),  # see serve_tensorboard
+    # Runner overhead
+    "python benchmarks/overhead.py --iterations 10 --repeats 3": Way(
+        ("--iterations", "1", "--repeats", "1"), expect="env steps per second"
+    ),
+}
+
+COMMANDS = commands()
+BLOCKS = sorted(
+    {(c.section, c.block) for c in COMMANDS},
+    key=lambda b: COMMANDS.index(next(c for c in COMMANDS if (c.section, c.block) == b)),
+)
+
+
+def test_every_readme_command_has_a_way_to_run():
+    shown = {c.text for c in COMMANDS}
+    assert shown - WAYS.keys() == set(), "README commands without an entry in WAYS"
+    assert WAYS.keys() - shown == set(), "entries in WAYS the README no longer shows"
+
+
+def test_ci_runs_the_readme_set_up_commands():
+    """.ci/run takes its commands from this README, so they cannot drift apart."""
+    ci = (ROOT / ".ci" / "run").read_text()
+    for name in ("test", "ipex"):
+        assert f"python3 tests/readme.py setup {name}" in ci
+        assert setup(name).endswith(SETUP[name])
+    # The main command installs what the test command installs, without the test extra.
+    main, test = setup("main").split(" && "), setup("test").split(" && ")
+    assert main[:-1] == [part.replace("'.[test]'", ".") for part in test[:-1]]
+    assert main[-1] == "python -m runner"
+
+
+def _env(home: Path, extra: dict[str, str]) -> dict[str, str]:
+    """This interpreter's python, ray and tensorboard first on PATH; a throwaway HOME."""
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    return {**os.environ, "PATH": path, "HOME": str(home), **extra}
+
+
+def serve_tensorboard(command: str, cwd: Path, env: dict[str, str]) -> str:
+    """Start TensorBoard as written (on a free port), wait until it lists a run, stop it."""
+    proc = subprocess.Popen(
+        ["bash", "-c", f"exec {command} --port 0"],
+        cwd=cwd,
+        env={**env, "PYTHONUNBUFFERED": "1"},  # its address line, before it exits
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        url = None
+        deadline = time.monotonic() + 120
+        while url is None and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            found = re.search(r"http://\S+?:\d+/", line)
+            url = found.group(0) if found else None
+        assert url, "TensorBoard printed no address"
+        while time.monotonic() < deadline:
+            runs = json.loads(urllib.request.urlopen(f"{url}data/runs", timeout=10).read())
+            if any("my_run" in run for run in runs):
+                return "served the runs"
+            time.sleep(1)
+        raise AssertionError(f"TensorBoard at {url} listed no run of outputs/")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+def run_block(commands_in_block: list[str], cwd: Path) -> None:
+    for command in commands_in_block:
+        way = WAYS[command]
+        if way is SET_UP:
+            continue
+        env = _env(cwd / "home", way.env)
+        if command.startswith("tensorboard "):
+            assert serve_tensorboard(command, cwd, env) == way.expect
+            continue
+        line = " ".join([command, *way.extra])
+        proc = subprocess.run(
+            ["bash", "-c", line], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
+        )
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == way.code, f"{line}\n{out[-3000:]}"
+        assert way.expect in out, f"{line}\n{out[-3000:]}"
+        if way.code == 2:
+            assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert "Traceback" not in out, f"{line}\n{out[-3000:]}"
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    """A user's dir: the README's relative paths (benchmarks/, docs/) are there."""
+    for name in ("benchmarks", "docs"):
+        shutil.copytree(ROOT / name, tmp_path / name)
+    (tmp_path / "home").mkdir()
+    return tmp_path
+
+
+@pytest.mark.parametrize("block", BLOCKS, ids=[f"{s.split()[0].lower()}-{b}" for s, b in BLOCKS])
+def test_readme_block_runs(block: tuple[str, int], workdir: Path):
+    section, number = block
+    texts = [c.text for c in COMMANDS if (c.section, c.block) == block]
+    try:
+        run_block(texts, workdir)
+    finally:
+        if section == "On a Ray cluster":
+            subprocess.run(["bash", "-c", "ray stop"], env=_env(workdir, {}), capture_output=True)
+    if section == "torch.compile":
+        assert any((workdir / "home" / ".cache" / "rllib-runner" / "inductor").iterdir())
+    if section == "Reproductions" and number == 1:
+        page = (workdir / "docs" / "reproductions.md").read_text()
+        measured = page.split("<!-- measured:begin -->")[1]
+        assert "inference_cpu_201_onnxrt_default" in measured
+        assert "exploration_onnxrt_default" in measured
+
+
+def test_main_job_solves_cartpole(workdir: Path):
+    """The main command's job, `python -m runner` as written: PPO on CartPole to 450."""
+    job = setup("main").split(" && ")[-1]
+    proc = subprocess.run(
+        ["bash", "-c", job],
+        cwd=workdir,
+        env=_env(workdir / "home", {}),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr
+    (summary_file,) = (workdir / "outputs").rglob("summary.json")
+    summary = json.loads(summary_file.read_text())
+    assert summary["stop_reason"].startswith("episode_return_mean")
+    assert summary["final_episode_return_mean"] >= 450
