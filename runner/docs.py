@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from runner import published
-from runner.errors import RunnerError, one_line
+from runner.errors import RunnerError, tool_exit_code
 
 BEGIN, END = "<!-- {}:begin -->", "<!-- {}:end -->"
 
@@ -54,6 +54,8 @@ def replace_block(text: str, name: str, body: str, page: Path) -> str:
 
 def refresh(page: Path, measured: str | None = None) -> None:
     """Rewrite `page`'s reproductions block, and its measured block when given one."""
+    if not page.is_file():
+        raise RunnerError(f"docs: '{page}' does not exist; pass a Markdown page with marked blocks")
     text = replace_block(page.read_text(), "reproductions", experiments_markdown(), page)
     if measured is not None:
         text = replace_block(text, "measured", measured, page)
@@ -68,12 +70,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("page", type=Path, help="a Markdown page with marked blocks")
     parser.add_argument("--measured", type=Path, help="a report.md from python -m runner.report")
     args = parser.parse_args(argv)
-    try:
+
+    def work() -> int:
         refresh(args.page, args.measured.read_text() if args.measured else None)
-    except (RunnerError, OSError) as ex:
-        print(f"error: {one_line(ex)}", file=sys.stderr)
-        return 2
-    return 0
+        return 0
+
+    return tool_exit_code(work)
 
 
 if __name__ == "__main__":

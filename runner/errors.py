@@ -7,8 +7,10 @@ any of them, and the runner's own `RunnerError`, into a single line on stderr.
 from __future__ import annotations
 
 import difflib
+import json
 import re
-from collections.abc import Iterable
+import sys
+from collections.abc import Callable, Iterable
 
 from hydra.errors import MissingConfigException, OverrideParseException
 from omegaconf import OmegaConf
@@ -89,3 +91,13 @@ def one_line(ex: BaseException) -> str:
         return f"invalid value for '{key}': {msg}" if key else _squash(str(cause))
     text = _squash(str(ex)) or type(ex).__name__
     return re.sub(r"\s*Set the environment variable HYDRA_FULL_ERROR.*$", "", text)
+
+
+def tool_exit_code(work: Callable[[], int]) -> int:
+    """Run a `python -m runner.<tool>` command: bad input, a missing or unreadable file is
+    one line on stderr and exit code 2; otherwise the work's own exit code."""
+    try:
+        return work()
+    except (RunnerError, OSError, json.JSONDecodeError) as ex:
+        print(f"error: {one_line(ex)}", file=sys.stderr)
+        return 2

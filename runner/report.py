@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from runner import docs
-from runner.errors import RunnerError, one_line
+from runner.errors import RunnerError, one_line, tool_exit_code
 from runner.results import plots
 from runner.results.files import write_csv
 
@@ -252,14 +252,14 @@ def main(argv: list[str] | None = None) -> int:
         shown += ["--out", str(args.out)]
     if args.doc:
         shown += ["--doc", str(args.doc)]
-    try:
+
+    def work() -> int:
         _, text = build(args.paths, args.out, " ".join(shown))
         if args.doc:
             docs.refresh(args.doc, measured=text)
-    except (RunnerError, OSError) as ex:
-        print(f"error: {one_line(ex)}", file=sys.stderr)
-        return 2
-    return 0
+        return 0
+
+    return tool_exit_code(work)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from runner import overrides as ov
-from runner.errors import RunnerError, one_line
+from runner.errors import RunnerError, tool_exit_code
 from runner.results import plots
 from runner.results.files import write_csv
 from runner.results.jobs import read_job
@@ -262,15 +262,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("sweep_dir", type=Path)
     args = parser.parse_args(argv)
-    try:
+
+    def work() -> int:
         if not args.sweep_dir.is_dir():
             raise RunnerError(f"sweep: '{args.sweep_dir}' is not a directory")
         rows = summarize(args.sweep_dir)
-    except (RunnerError, OSError, json.JSONDecodeError) as ex:
-        print(f"error: {one_line(ex)}", file=sys.stderr)
-        return 2
-    print((args.sweep_dir / "summary.md").read_text(), end="")
-    return 1 if any(r["status"] == "failed" for r in rows) else 0
+        print((args.sweep_dir / "summary.md").read_text(), end="")
+        return 1 if any(r["status"] == "failed" for r in rows) else 0
+
+    return tool_exit_code(work)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import compose_config, prepared, run_cli
 
-from runner import CONFIG_DIR, published, report
+from runner import CONFIG_DIR, docs, published, report
 from runner.compile.settings import ipex_problem
 from runner.compose import build_algorithm_config
 from runner.preflight import Resources, check
@@ -251,3 +251,21 @@ def test_report_bad_input_is_one_line(tmp_path: Path, capsys):
     assert report.main([str(tmp_path), "--out", str(tmp_path / "out")]) == 2
     assert "no reproduction results" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_docs_refreshes_the_list_of_reproductions(tmp_path: Path, capsys):
+    page = tmp_path / "page.md"
+    page.write_text("# kept\n<!-- reproductions:begin -->\nold\n<!-- reproductions:end -->\n")
+    assert docs.main([str(page)]) == 0
+    text = page.read_text()
+    assert text.startswith("# kept\n") and "old" not in text
+    assert len([line for line in text.splitlines() if line.startswith("| `")]) == len(EXPERIMENTS)
+    assert docs.main([str(tmp_path / "none.md")]) == 2
+    assert docs.main([str(page), "--measured", str(page)]) == 2  # the page has no measured block
+    err = capsys.readouterr().err.strip().splitlines()
+    missing = tmp_path / "none.md"
+    assert (
+        err[0]
+        == f"error: docs: '{missing}' does not exist; pass a Markdown page with marked blocks"
+    )
+    assert "has no '<!-- measured:begin -->'" in err[1]
