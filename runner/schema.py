@@ -203,7 +203,7 @@ class RunnerConfig:
 def register_configs() -> None:
     """Store the root schema (conf/config.yaml lists it first) and every task's settings
     schema as `schema/task/<name>` (each conf/task/ file lists its own)."""
-    from runner.tasks import TASKS
+    from runner.tasks import TASKS  # here, not on top: the task modules import this one
 
     store = ConfigStore.instance()
     store.store(name="runner_schema", node=RunnerConfig)

@@ -61,16 +61,12 @@ WAYS: dict[str, Way] = {
     "python -m runner --help": Way(expect="experiment: "),
     "python -m runner --cfg job": Way(expect="num_env_runners:"),
     # Overrides
-    "python -m runner algo.training.lr=1e-4 +algo.training.grad_clip=40 stop.iterations=3": Way(
-        expect="done (iterations 3 >= 3)"
+    "python -m runner algo.training.lr=1e-4 +algo.training.grad_clip=40 "
+    "+algo.rl_module.model_config.fcnet_hiddens=[64,64] stop.iterations=2": Way(
+        expect="done (iterations 2 >= 2)"
     ),
-    "python -m runner +algo.rl_module.model_config.fcnet_hiddens=[64,64] stop.iterations=3": Way(
-        expect="done (iterations 3 >= 3)"
-    ),
-    "python -m runner scaling.num_env_runners=1 scaling.num_envs_per_env_runner=4 "
-    "stop.iterations=3": Way(expect="done (iterations 3 >= 3)"),
-    "python -m runner algo=sac env=pendulum stop.iterations=3": Way(
-        expect="done (iterations 3 >= 3)"
+    "python -m runner algo=sac env=pendulum stop.iterations=2": Way(
+        expect="done (iterations 2 >= 2)"
     ),
     "python -m runner env=breakout stop.iterations=1 "
     "algo.training.train_batch_size_per_learner=512": Way(expect="done (iterations 1 >= 1)"),
@@ -83,21 +79,14 @@ WAYS: dict[str, Way] = {
         expect="dry run: nothing started"
     ),
     # torch.compile
-    "python -m runner compile=inductor_default stop.iterations=3": Way(
-        expect="compile inductor/default: took effect on 1/1 EnvRunner(s) and 1/1 Learner(s)"
-    ),
-    "python -m runner compile=aot_eager scaling.num_env_runners=1 scaling.num_learners=1 "
-    "stop.iterations=2": Way(expect="compile aot_eager/default: took effect"),
-    "python -m runner compile=onnxrt_default stop.iterations=3": Way(
-        expect="compile onnxrt/default: took effect on 1/1 EnvRunner(s)"
-    ),
     "python -m runner compile=inductor_default "
     "'compile.cache_dir=\"~/.cache/rllib-runner/inductor\"' stop.iterations=2": Way(
-        expect="compile inductor/default: took effect"
+        expect="compile inductor/default: took effect on 1/1 EnvRunner(s) and 1/1 Learner(s)"
+    ),
+    "python -m runner compile=onnxrt_default scaling.num_env_runners=1 stop.iterations=2": Way(
+        expect="compile onnxrt/default: took effect on 1/1 EnvRunner(s)"
     ),
     # Benchmarks
-    "python -m runner task=inference_bench compile=inductor_default task.iterations=20 "
-    "task.burn_in=2": Way(expect="batch  16 |"),
     "python -m runner task=inference_bench env=cartpole compile=onnxrt_default "
     "task.batch_sizes=[1,4,16,64]": Way(expect="batch  64 |"),
     "python -m runner task=exploration_bench compile=onnxrt_default scaling.num_env_runners=1 "
@@ -126,12 +115,12 @@ WAYS: dict[str, Way] = {
     ),
     "python -m runner.docs docs/reproductions.md": Way(expect="refreshed docs/reproductions.md"),
     # Sweeps
-    "python -m runner -m compile=none,eager scaling.num_envs_per_env_runner=1,8 "
-    "stop.iterations=2 hydra.sweep.dir=outputs/my_sweep": Way(expect="sweep: 4 jobs, 0 failed"),
+    "python -m runner -m compile=none,eager stop.iterations=2 "
+    "hydra.sweep.dir=outputs/my_sweep": Way(expect="sweep: 2 jobs, 0 failed"),
     "python -m runner -m hardware=cpu,a100 scaling.num_env_runners=1,2 dry_run=true": Way(
         expect="dry run: 4 jobs, 0 invalid"
     ),
-    "python -m runner.sweep outputs/my_sweep": Way(expect="4 jobs, 0 failed."),
+    "python -m runner.sweep outputs/my_sweep": Way(expect="2 jobs, 0 failed."),
     # On a Ray cluster (the block starts a real one-node cluster and stops it)
     "ray start --head --num-cpus=8": Way(("--disable-usage-stats",), expect="Ray runtime started"),
     "python -m runner ray.address=auto scaling.num_env_runners=6 stop.iterations=1": Way(
