@@ -27,7 +27,7 @@ from runner.compose import build_algorithm_config, default_config_for
 from runner.console import console
 from runner.errors import ConfigError, PreflightError
 from runner.plan import Plan, make_plan
-from runner.ray_session import quiet_ray, start_ray
+from runner.ray_session import import_py_modules_here, quiet_ray, start_ray
 from runner.results.files import RESULT_FILES, json_safe, versions, write_json
 from runner.resume import OVERRIDES_FILE, compose_for_resume
 from runner.schema import RunnerConfig, typed
@@ -52,6 +52,7 @@ def prepare(cfg: DictConfig) -> Prepared:
     """Typed settings once, the task's own checks, compile checked once, then RLlib's
     AlgorithmConfig and the plan of what the task will start. Pure: starts nothing."""
     settings = typed(cfg)
+    import_py_modules_here(settings.ray.runtime_env)
     task = tasks.get(settings.task.name)
     spec, warnings = compile_settings.resolve(settings.compile)
     warnings += task.check(settings, spec)

@@ -4,7 +4,8 @@ Every section is passed through the AlgorithmConfig builder method it is named a
 RLlib's own setter checks run. The fixed scaling fields go through explicit
 `env_runners(...)` and `learners(...)` calls; the free-form `algo.*` sections are checked
 key by key against the builder's parameters, so a key no builder takes fails here with
-the closest valid keys instead of as a TypeError deep inside RLlib.
+the closest valid keys instead of as a TypeError deep inside RLlib. Classes, functions
+and objects in those sections are named by import path or `_target_` (runner/user_code.py).
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ from ray.rllib.algorithms.registry import ALGORITHMS
 
 from runner.compile.apply import add_to_config
 from runner.compile.settings import CompileSpec
-from runner.envs import AtariEnv
+from runner.envs import environment_kwargs
 from runner.errors import ConfigError, did_you_mean
-from runner.schema import EnvConfig, RunnerConfig, ScalingConfig
+from runner.schema import RunnerConfig, ScalingConfig
+from runner.user_code import PolicyTable, materialize
 
 # The free-form algo sections, in the order their builders are called.
 ALGO_SECTIONS = (
@@ -33,6 +35,8 @@ ALGO_SECTIONS = (
     "reporting",
     "framework",
     "fault_tolerance",
+    "callbacks",
+    "multi_agent",
 )
 # Scaling keys that must be whole numbers >= this bound (RLlib itself does not check).
 _COUNT_MINIMUM = {"num_env_runners": 0, "num_envs_per_env_runner": 1, "num_learners": 0}
@@ -114,11 +118,28 @@ def check_scaling(s: ScalingConfig) -> None:
             raise ConfigError(f"scaling.{key} must be >= {minimum}, got {value}")
 
 
-def _environment_kwargs(env: EnvConfig) -> dict[str, Any]:
-    if env.atari:
-        env_config = {"game": env.id, "framestack": env.framestack, **env.env_config}
-        return {"env": AtariEnv, "env_config": env_config, **env.environment}
-    return {"env": env.id, "env_config": dict(env.env_config), **env.environment}
+def check_policies(config: AlgorithmConfig) -> None:
+    """A policy id the mapping table, the policies to train or the module specs name must be
+    one of algo.multi_agent.policies."""
+    policies = set(config.policies)
+    mapping = config.policy_mapping_fn
+    named = {
+        "algo.multi_agent.policy_mapping_fn": mapping.table.values()
+        if isinstance(mapping, PolicyTable)
+        else (),
+        "algo.multi_agent.policies_to_train": config.policies_to_train
+        if isinstance(config.policies_to_train, list | set | tuple)
+        else (),
+        "algo.rl_module.rl_module_spec": getattr(config.rl_module_spec, "rl_module_specs", {})
+        if config.is_multi_agent
+        else (),
+    }
+    for where, ids in named.items():
+        for policy in sorted(set(ids) - policies):
+            raise ConfigError(
+                f"{where} names policy '{policy}', which is not one of algo.multi_agent."
+                f"policies ({', '.join(sorted(policies))}){did_you_mean(policy, policies)}"
+            )
 
 
 def build_algorithm_config(settings: RunnerConfig, spec: CompileSpec | None) -> AlgorithmConfig:
@@ -126,16 +147,20 @@ def build_algorithm_config(settings: RunnerConfig, spec: CompileSpec | None) -> 
     algo, scaling, env = settings.algo, settings.scaling, settings.env
     check_scaling(scaling)
     config = default_config_for(algo.name)
-    call_builder(config, "environment", "env", _environment_kwargs(env))
+    call_builder(config, "environment", "env", environment_kwargs(env))
     fixed = {"env_runners": env_runner_scaling(scaling), "learners": learner_scaling(scaling)}
     for section in ALGO_SECTIONS:
-        kwargs = dict(getattr(algo, section))
+        kwargs = {
+            key: materialize(value, f"algo.{section}.{key}", key)
+            for key, value in getattr(algo, section).items()
+        }
         for key in kwargs.keys() & fixed.get(section, {}).keys():
             raise ConfigError(f"algo.{section}.{key} duplicates scaling.{key}; set it in scaling")
         if section == "rl_module" and env.model_config:
             kwargs["model_config"] = {**env.model_config, **kwargs.get("model_config", {})}
         if kwargs:
             call_builder(config, section, f"algo.{section}", kwargs)
+    check_policies(config)
     _call(config.env_runners, "scaling", fixed["env_runners"])
     _call(config.learners, "scaling", fixed["learners"])
     # RLlib resets its logger to debugging.log_level when the Algorithm starts.

@@ -9,13 +9,15 @@ from __future__ import annotations
 import os
 import platform
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import torch
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+from ray.rllib.env.multi_agent_env import MultiAgentEnv
 
 from runner.compile.settings import CompileSpec, missing_packages
-from runner.envs import check_env_id
-from runner.errors import ConfigError
+from runner.envs import make_env, setting
+from runner.errors import ConfigError, did_you_mean
 from runner.plan import Plan
 from runner.schema import Accelerator, RayConfig, RunnerConfig
 
@@ -191,6 +193,61 @@ def _check_run_settings(settings: RunnerConfig) -> None:
             raise ConfigError(f"{key} must be >= 0 (or null), got {value}")
 
 
+def check_env(settings: RunnerConfig, config: AlgorithmConfig) -> None:
+    """Build one env here, as an EnvRunner will; for a multi-agent env, map each of its
+    agents to a policy the config declares."""
+    env = make_env(settings.env, config.env, dict(config.env_config))
+    try:
+        multi_agent_env = isinstance(env, MultiAgentEnv)
+        if multi_agent_env != config.is_multi_agent:
+            raise ConfigError(
+                f"{setting(settings.env)} is a MultiAgentEnv: declare algo.multi_agent.policies "
+                "and algo.multi_agent.policy_mapping_fn"
+                if multi_agent_env
+                else f"algo.multi_agent declares policies but {setting(settings.env)} is a "
+                "single-agent env; name a MultiAgentEnv, or drop algo.multi_agent"
+            )
+        if multi_agent_env:
+            _check_mapping(env, config)
+        _build_module(env, config)
+    finally:
+        env.close()
+
+
+def _build_module(env: Any, config: AlgorithmConfig) -> None:
+    """The RLModule (a MultiRLModule for a multi-agent env), built once for this env, so a
+    custom module's constructor error is one line before any actor starts."""
+    try:
+        if config.is_multi_agent:
+            config.get_multi_rl_module_spec(env=env).build()
+        else:
+            config.get_rl_module_spec(env=env).build()
+    except Exception as ex:
+        problem = f"{type(ex).__name__}: {ex}"
+        raise ConfigError(f"algo.rl_module: building the RLModule failed: {problem}") from ex
+
+
+def _check_mapping(env: MultiAgentEnv, config: AlgorithmConfig) -> None:
+    agents = list(getattr(env, "possible_agents", None) or [])
+    if not agents:
+        observations, _ = env.reset(seed=0)
+        agents = list(observations)
+    policies = sorted(config.policies)
+    for agent in agents:
+        try:
+            policy = config.policy_mapping_fn(agent, None)
+        except KeyError as ex:
+            raise ConfigError(str(ex.args[0])) from ex
+        except Exception:  # a function that needs a real episode: RLlib calls it with one
+            continue
+        if policy not in config.policies:
+            raise ConfigError(
+                f"algo.multi_agent.policy_mapping_fn maps agent {agent!r} to '{policy}', which "
+                f"is not one of algo.multi_agent.policies ({', '.join(policies)})"
+                f"{did_you_mean(str(policy), policies)}"
+            )
+
+
 def check(
     settings: RunnerConfig,
     config: AlgorithmConfig,
@@ -202,7 +259,7 @@ def check(
     """Raise ConfigError on bad input; report shortfalls and missing packages (problems)
     and `warnings` (the compile and task checks') with the resource warnings."""
     _check_run_settings(settings)
-    check_env_id(settings.env.id, settings.env.atari)
+    check_env(settings, config)
     report = Report(warnings=list(warnings))
     # A hardware problem already names missing GPUs: the GPU count is checked only without one.
     report.problems += _hardware_problems(settings, plan, res) or _gpu_shortfall(plan, res)

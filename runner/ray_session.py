@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,16 +24,21 @@ def quiet_ray(level_name: LogLevel) -> int:
 def start_ray(ray_cfg: RayConfig, compile_cache_dir: str | None = None) -> None:
     """A local Ray sized to this machine (no dashboard, quiet), or the cluster at ray.address.
 
-    `compile_cache_dir` becomes TORCHINDUCTOR_CACHE_DIR here and in every actor.
+    Every actor gets `ray.runtime_env` (e.g. the user's package as `py_modules`), and
+    `compile_cache_dir` as TORCHINDUCTOR_CACHE_DIR, here and in every actor.
     """
     level = quiet_ray(ray_cfg.log_level)
     if ray.is_initialized():
         return
     common: dict[str, Any] = {"logging_level": level, "log_to_driver": level <= logging.INFO}
+    runtime_env = dict(ray_cfg.runtime_env)
     if compile_cache_dir:
         cache = str(Path(compile_cache_dir).resolve())
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
-        common["runtime_env"] = {"env_vars": {"TORCHINDUCTOR_CACHE_DIR": cache}}
+        env_vars = {**runtime_env.get("env_vars", {}), "TORCHINDUCTOR_CACHE_DIR": cache}
+        runtime_env["env_vars"] = env_vars
+    if runtime_env:
+        common["runtime_env"] = runtime_env
     if ray_cfg.address:
         ray.init(address=ray_cfg.address, **common)
     else:
@@ -44,6 +50,17 @@ def start_ray(ray_cfg: RayConfig, compile_cache_dir: str | None = None) -> None:
             include_dashboard=False,
             **common,
         )
+
+
+def import_py_modules_here(runtime_env: dict[str, Any]) -> None:
+    """The driver imports the user's code from the same `py_modules` dirs the actors get
+    (the preflight builds an env and the RLModule spec here), so both see one version."""
+    for entry in runtime_env.get("py_modules", []):
+        path = Path(str(entry)).expanduser()
+        if path.is_dir():
+            parent = str(path.resolve().parent)
+            if parent not in sys.path:
+                sys.path.insert(0, parent)
 
 
 def stop_ray() -> None:

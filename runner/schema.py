@@ -99,13 +99,20 @@ class AlgoConfig:
     reporting: dict[str, Any] = field(default_factory=dict)
     framework: dict[str, Any] = field(default_factory=dict)
     fault_tolerance: dict[str, Any] = field(default_factory=dict)
+    callbacks: dict[str, Any] = field(default_factory=dict)
+    multi_agent: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
 class EnvConfig:
-    """A gymnasium env, optionally wrapped the way RLlib wraps Atari for the new API stack."""
+    """The env every EnvRunner makes: a gymnasium id (`module:EnvId` imports the module
+    first, in the driver and in each actor), or an env class or factory by import path
+    (`entry_point`, called with `env_config` as RLlib's EnvContext; a MultiAgentEnv makes
+    the run multi-agent). Atari ids are wrapped the way RLlib wraps Atari for the new API
+    stack."""
 
-    id: str = MISSING
+    id: str | None = None
+    entry_point: str | None = None
     env_config: dict[str, Any] = field(default_factory=dict)
     atari: bool = False
     framestack: int | None = None
@@ -115,6 +122,11 @@ class EnvConfig:
     model_config: dict[str, Any] = field(default_factory=dict)
     # Episode return mean that counts as solved; the default stop criterion.
     solved_return: float | None = None
+
+    @property
+    def name(self) -> str:
+        """How results and plots name the env."""
+        return self.id or self.entry_point or "?"
 
 
 @dataclass
@@ -135,6 +147,9 @@ class RayConfig:
     num_cpus: int | None = None
     num_gpus: int | None = None
     log_level: LogLevel = LogLevel.ERROR
+    # Ray's runtime_env for every actor, e.g. {py_modules: [path/to/my_pkg]} to ship the
+    # user's package to a cluster's nodes, or {working_dir: .}.
+    runtime_env: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

@@ -57,6 +57,40 @@ CASES = {
         ["task=inference_bench", "compile=eager", "task.batch_sizes=[0]"],
         "task.batch_sizes must be whole numbers >= 1",
     ),
+    "env id whose module does not import": (
+        ["env.id=nope_pkg:Env-v0"],
+        "no module named 'nope_pkg'",
+    ),
+    "env class that does not exist": (
+        ["env.id=null", "env.entry_point=gymnasium.envs.classic_control:CartPoleEnvv"],
+        "has no 'CartPoleEnvv' (did you mean CartPoleEnv",
+    ),
+    "both an env id and an entry point": (["env.entry_point=my:Env"], "set exactly one of"),
+    "env constructor error": (["+env.env_config.bogus=1"], "env.id=CartPole-v1: making the env"),
+    "not a callback class": (
+        ["+algo.callbacks.callbacks_class=[gymnasium:Env]"],
+        "algo.callbacks.callbacks_class: Env is not a subclass of RLlibCallback",
+    ),
+    "_target_ with a wrong argument": (
+        [
+            "+algo.rl_module.rl_module_spec._target_=ray.rllib.core.rl_module.RLModuleSpec",
+            "+algo.rl_module.rl_module_spec.modle_config={}",
+        ],
+        "RLModuleSpec() takes no 'modle_config' (did you mean model_config",
+    ),
+    "not a connector": (
+        ["+algo.env_runners.env_to_module_connector._target_=collections:OrderedDict"],
+        "OrderedDict is not a ConnectorV2",
+    ),
+    "agent mapped to an undeclared policy": (
+        ["experiment=multi_agent_cartpole_ppo", "algo.multi_agent.policy_mapping_fn.1=p2"],
+        "policy_mapping_fn names policy 'p2', which is not one of algo.multi_agent.policies",
+    ),
+    "RLModule that cannot be built": (
+        ["+algo.rl_module.model_config.fcnet_hiddens=[0]"],
+        "algo.rl_module: building the RLModule failed: IndexError",
+    ),
+    "multi-agent env without policies": (["env=multi_agent_cartpole"], "is a MultiAgentEnv"),
     "exploration reproduction on this CPU machine": (
         ["experiment=exploration_onnxrt_default"],
         "or add scale=local",

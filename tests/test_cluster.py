@@ -3,6 +3,7 @@ with its own CPU count, from ray.cluster_utils): training and a parallel sweep a
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -58,6 +59,29 @@ def test_training_spreads_env_runners_over_the_nodes(cluster, tmp_path: Path):
     assert len(nodes) == 3
     assert len(set(nodes)) == 2  # both nodes host EnvRunners
     assert set(nodes) == {n.node_id for n in cluster.list_all_nodes()}
+
+
+def test_the_users_package_reaches_every_node_through_py_modules(cluster, tmp_path: Path):
+    """The example package is neither installed nor on the path of this process, whose
+    environment the cluster's nodes share: ray.runtime_env.py_modules ships it to them, and
+    the driver imports it from the same dir."""
+    assert importlib.util.find_spec("my_rl_pkg") is None
+    package = Path(__file__).resolve().parent.parent / "examples" / "my_rl_pkg"
+    proc = runner(
+        tmp_path,
+        "--config-dir",  # Hydra's flags before the overrides
+        str(package / "conf"),
+        f"ray.address={cluster.address}",
+        "experiment=corridor_ppo",
+        f"+ray.runtime_env.py_modules=[{package / 'my_rl_pkg'}]",
+        "scaling.num_env_runners=3",
+        *TINY,
+        "hydra.run.dir=run",
+    )
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert len(set(summary["env_runner_nodes"])) == 2
+    assert summary["final_episode_return_mean"] is not None
 
 
 def test_preflight_checks_the_cluster_not_this_machine(cluster, tmp_path: Path):

@@ -71,6 +71,17 @@ WAYS: dict[str, Way] = {
     "python -m runner env=breakout stop.iterations=1 "
     "algo.training.train_batch_size_per_learner=512": Way(expect="done (iterations 1 >= 1)"),
     "python -m runner +algo.training.lrr=1": Way(code=2, expect="(did you mean lr?)"),
+    # Bring your own (the block's test uninstalls the example package afterwards)
+    "pip install -e examples/my_rl_pkg": Way(expect="Successfully installed my-rl-pkg"),
+    "python -m runner --config-dir examples/my_rl_pkg/conf experiment=corridor_ppo": Way(
+        TINY, expect="done (iterations 1 >= 1)"
+    ),
+    "python -m runner env.id=my_rl_pkg:MyRL/Corridor-v0 scaling.num_env_runners=1 "
+    "stop.iterations=3": Way(TINY, expect="done (iterations 1 >= 1)"),
+    # Trained for two iterations by tests/test_bring_your_own.py.
+    "python -m runner experiment=multi_agent_cartpole_ppo": Way(
+        ("dry_run=true",), expect="dry run: nothing started"
+    ),
     # Plan and preflight
     "python -m runner hardware=a100 compile=inductor_ro scaling.num_learners=2": Way(
         code=2, expect="error: hardware=a100 expects an NVIDIA A100 GPU"
@@ -229,8 +240,8 @@ def run_block(commands_in_block: list[str], cwd: Path) -> None:
 
 @pytest.fixture
 def workdir(tmp_path: Path) -> Path:
-    """A user's dir: the README's relative paths (benchmarks/, docs/) are there."""
-    for name in ("benchmarks", "docs"):
+    """A user's dir: the README's relative paths (benchmarks/, docs/, examples/) are there."""
+    for name in ("benchmarks", "docs", "examples"):
         shutil.copytree(ROOT / name, tmp_path / name)
     (tmp_path / "home").mkdir()
     return tmp_path
@@ -245,6 +256,10 @@ def test_readme_block_runs(block: tuple[str, int], workdir: Path):
     finally:
         if section == "On a Ray cluster":
             subprocess.run(["bash", "-c", "ray stop"], env=_env(workdir, {}), capture_output=True)
+        if section == "Bring your own" and number == 1:
+            # The install pointed into this temp dir: leave the environment as it was.
+            pip = [sys.executable, "-m", "pip", "uninstall", "-y", "-q", "my-rl-pkg"]
+            subprocess.run(pip, capture_output=True)
     if section == "torch.compile":
         assert any((workdir / "home" / ".cache" / "rllib-runner" / "inductor").iterdir())
     if section == "Reproductions" and number == 1:

@@ -219,16 +219,28 @@ def reapply(
         )
 
 
+def _beside(theirs: Callable | list[Callable] | None, ours: Callable) -> list[Callable]:
+    """The user's callback functions (from algo.callbacks), then ours: both run."""
+    if theirs is None:
+        return [ours]
+    return [*(theirs if isinstance(theirs, list) else [theirs]), ours]
+
+
 def add_to_config(config: AlgorithmConfig, spec: CompileSpec | None) -> None:
-    """Compile through callbacks in every EnvRunner and Learner process.
+    """Compile through callbacks in every EnvRunner and Learner process, beside the user's
+    own callbacks (algo.callbacks).
 
     A complete-update compile is RLlib's own (it works); the runner only wraps it to count.
     """
     if spec is None:
         return
     config.callbacks(
-        on_algorithm_init=functools.partial(apply, spec=spec),
-        on_env_runners_recreated=functools.partial(reapply, spec=spec),
+        on_algorithm_init=_beside(
+            config.callbacks_on_algorithm_init, functools.partial(apply, spec=spec)
+        ),
+        on_env_runners_recreated=_beside(
+            config.callbacks_on_env_runners_recreated, functools.partial(reapply, spec=spec)
+        ),
     )
     if spec.learners and spec.learner_granularity == "complete_update":
         config.framework(

@@ -31,6 +31,8 @@ HEADLINE = {
     "env_steps": ("env_runners", "num_env_steps_sampled_lifetime"),
     "env_steps_this_iter": ("env_runners", "num_env_steps_sampled"),
     "iteration_seconds": ("time_this_iter_s",),
+    # Per module (policy) id: in a multi-agent run, each policy's own return.
+    "module_episode_returns_mean": ("env_runners", "module_episode_returns_mean"),
 }
 
 

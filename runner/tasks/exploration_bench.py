@@ -134,7 +134,7 @@ def run(run: TaskRun) -> None:
     console.print(compile_line)
     result = {
         "task": "exploration_bench",
-        "env": settings.env.id,
+        "env": settings.env.name,
         "algo": settings.algo.name,
         "backend": spec.backend,
         "mode": spec.mode or "default",
@@ -153,7 +153,7 @@ def run(run: TaskRun) -> None:
     }
     write_json(run.run_dir / "bench.json", result)
     write_csv(run.run_dir / "bench.csv", rows)
-    title = f"{settings.env.id} {settings.algo.name}: {spec.preset} EnvRunners vs eager"
+    title = f"{settings.env.name} {settings.algo.name}: {spec.preset} EnvRunners vs eager"
     plots.exploration_bench(run.run_dir / "bench.png", rows, COPIES, title)
     console.print(
         f"env steps/s over {task.timed_iterations} timed iteration(s): compiled "

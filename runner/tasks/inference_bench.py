@@ -25,6 +25,7 @@ import torch
 import torch._dynamo
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.core.columns import Columns
+from ray.rllib.env.env_context import EnvContext
 
 from runner.compile.apply import compile_function
 from runner.compile.settings import CompileSpec, cuda_graph_warning
@@ -56,6 +57,11 @@ def check(settings: RunnerConfig, spec: CompileSpec | None) -> list[str]:
     task: InferenceBenchSettings = settings.task  # type: ignore[assignment]
     if spec is None:
         raise ConfigError(NEEDS_COMPILE)
+    if settings.algo.multi_agent:
+        raise ConfigError(
+            "task=inference_bench times one RLModule; drop algo.multi_agent, or time a "
+            "multi-agent run's EnvRunners with task=exploration_bench"
+        )
     if not task.batch_sizes or min(task.batch_sizes) < 1:
         raise ConfigError(f"task.batch_sizes must be whole numbers >= 1, got {task.batch_sizes}")
     if task.iterations < 1 or task.burn_in < 0:
@@ -74,7 +80,10 @@ def check(settings: RunnerConfig, spec: CompileSpec | None) -> list[str]:
 
 def build_module(config: AlgorithmConfig) -> tuple[torch.nn.Module, torch.Tensor]:
     """The EnvRunner's RLModule for this config, and one real observation of its env."""
-    env = config.env(dict(config.env_config)) if callable(config.env) else gym.make(config.env)
+    if callable(config.env):  # an env class or factory: RLlib passes an EnvContext
+        env = config.env(EnvContext(config.env_config, worker_index=0))
+    else:
+        env = gym.make(config.env, **config.env_config)
     try:
         obs, _ = env.reset(seed=config.seed)
         module = config.get_rl_module_spec(env=env, inference_only=True).build().eval()
@@ -186,7 +195,7 @@ def run(run: TaskRun) -> None:
         )
     result = {
         "task": "inference_bench",
-        "env": settings.env.id,
+        "env": settings.env.name,
         "backend": spec.backend,
         "mode": spec.mode or "default",
         "iterations": task.iterations,
@@ -198,7 +207,7 @@ def run(run: TaskRun) -> None:
     }
     write_json(run.run_dir / "bench.json", result)
     write_csv(run.run_dir / "bench.csv", rows)
-    title = f"{settings.env.id}: {spec.preset} vs eager, torch {torch.__version__}"
+    title = f"{settings.env.name}: {spec.preset} vs eager, torch {torch.__version__}"
     plots.inference_bench(run.run_dir / "bench.png", rows, title)
     console.print(f"done: results in {run.run_dir}")
 

@@ -54,10 +54,17 @@ def _fmt(value: Any, spec: str) -> str:
 
 
 def print_row(row: dict[str, Any]) -> None:
+    """One line per iteration; a multi-agent run adds each policy's return mean."""
+    per_policy = row["module_episode_returns_mean"] or {}
     console.print(
         f"iter {row['iteration']:>4} | env steps {_fmt(row['env_steps'], ',.0f'):>10} | "
         f"return mean {_fmt(row['episode_return_mean'], '8.2f')} | "
         f"{_fmt(row['env_steps_per_s'], ',.0f'):>7} steps/s | {row['wall_seconds']:7.1f} s"
+        + (
+            " | " + ", ".join(f"{m} {_fmt(v, '.1f')}" for m, v in sorted(per_policy.items()))
+            if len(per_policy) > 1
+            else ""
+        )
     )
 
 
@@ -125,6 +132,7 @@ def train(run: TaskRun) -> dict[str, Any]:
         "iterations_this_run": len(rows),
         "env_steps": last.get("env_steps"),
         "final_episode_return_mean": last.get("episode_return_mean"),
+        "final_module_episode_returns_mean": last.get("module_episode_returns_mean"),
         "best_episode_return_mean": best,
         "wall_seconds": time.perf_counter() - run.start_time,
         "train_seconds": train_seconds,
