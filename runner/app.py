@@ -1,6 +1,6 @@
 """One job, one way through: config -> plan -> preflight -> task -> results.
 
-`prepare` is pure (no Ray, no files): typed settings, the task, the compile spec, the
+`prepare` starts nothing and writes no file: typed settings, the task, the compile spec, the
 AlgorithmConfig and the resource plan. `run` adds the run dir, the preflight against this
 machine or the cluster, the dry run, and hands the task its `TaskRun`. Nothing here
 knows any one task: the registry in runner/tasks/ does.
@@ -50,7 +50,8 @@ class Prepared:
 
 def prepare(cfg: DictConfig) -> Prepared:
     """Typed settings once, the task's own checks, compile checked once, then RLlib's
-    AlgorithmConfig and the plan of what the task will start. Pure: starts nothing."""
+    AlgorithmConfig and the plan of what the task will start. Starts nothing; imports the
+    user's code named in the config (from ray.runtime_env.py_modules dirs too)."""
     settings = typed(cfg)
     import_py_modules_here(settings.ray.runtime_env)
     task = tasks.get(settings.task.name)

@@ -10,7 +10,6 @@ is one line before Ray starts.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 import gymnasium as gym
@@ -19,7 +18,7 @@ from ray.rllib.env.multi_agent_env import MultiAgentEnv
 
 from runner.errors import ConfigError, did_you_mean
 from runner.schema import EnvConfig
-from runner.user_code import WHERE_TO_INSTALL, locate
+from runner.user_code import import_module, locate
 
 
 def _register_ale() -> None:
@@ -81,22 +80,13 @@ def environment_kwargs(env: EnvConfig) -> dict[str, Any]:
     return {"env": env.id, "env_config": dict(env.env_config), **env.environment}
 
 
-def check_env_id(env_id: str, atari: bool) -> None:
+def check_env_id(env_id: str) -> None:
     """Fail with one line if gymnasium does not know `env_id`, after importing the module
     of a `module:EnvId` id as gymnasium does (without building the env)."""
     module, _, name = env_id.rpartition(":")
     if module:
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as ex:
-            raise ConfigError(
-                f"env.id={env_id}: no module named '{ex.name}'; {WHERE_TO_INSTALL}"
-            ) from ex
-        except Exception as ex:
-            raise ConfigError(
-                f"env.id={env_id}: importing '{module}' failed: {type(ex).__name__}: {ex}"
-            ) from ex
-    if atari or name.startswith("ALE/"):
+        import_module(module, f"env.id={env_id}")
+    if name.startswith("ALE/"):
         try:
             _register_ale()
         except ImportError as ex:
@@ -110,23 +100,21 @@ def check_env_id(env_id: str, atari: bool) -> None:
         )
 
 
-def make_env(env: EnvConfig, maker: Any, env_config: dict) -> gym.Env | MultiAgentEnv:
-    """One env as an EnvRunner makes it (`maker` and `env_config` from the AlgorithmConfig
-    that `environment_kwargs(env)` fed), in this process."""
+def make_env(maker: Any, env_config: dict, where: str) -> gym.Env | MultiAgentEnv:
+    """One env as an EnvRunner makes it, in this process: `maker` and `env_config` as
+    AlgorithmConfig.environment() got them; `where` names the setting in messages."""
     if isinstance(maker, str):
-        check_env_id(maker, env.atari)
+        check_env_id(maker)
     try:
         if isinstance(maker, str):
             built = gym.make(maker, **env_config)
-        else:
+        else:  # an env class or factory: RLlib passes an EnvContext
             built = maker(EnvContext(env_config, worker_index=0))
     except Exception as ex:
-        raise ConfigError(
-            f"{setting(env)}: making the env failed: {type(ex).__name__}: {ex}"
-        ) from ex
+        raise ConfigError(f"{where}: making the env failed: {type(ex).__name__}: {ex}") from ex
     if not isinstance(built, gym.Env | MultiAgentEnv):
         raise ConfigError(
-            f"{setting(env)} made a {type(built).__qualname__}, not a gymnasium.Env or an "
+            f"{where} made a {type(built).__qualname__}, not a gymnasium.Env or an "
             "RLlib MultiAgentEnv"
         )
     return built

@@ -196,7 +196,7 @@ def _check_run_settings(settings: RunnerConfig) -> None:
 def check_env(settings: RunnerConfig, config: AlgorithmConfig) -> None:
     """Build one env here, as an EnvRunner will; for a multi-agent env, map each of its
     agents to a policy the config declares."""
-    env = make_env(settings.env, config.env, dict(config.env_config))
+    env = make_env(config.env, dict(config.env_config), setting(settings.env))
     try:
         multi_agent_env = isinstance(env, MultiAgentEnv)
         if multi_agent_env != config.is_multi_agent:

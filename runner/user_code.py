@@ -25,6 +25,7 @@ import importlib
 import inspect
 import re
 from collections.abc import Callable, Hashable
+from types import ModuleType
 from typing import Any
 
 from ray.rllib.callbacks.callbacks import RLlibCallback
@@ -47,7 +48,7 @@ class _NotAModule(Exception):
     """`name` is not an importable module (but may be an attribute of its parent)."""
 
 
-def _import(name: str, path: str, where: str) -> Any:
+def _import(name: str, path: str, where: str) -> ModuleType:
     try:
         return importlib.import_module(name)
     except ModuleNotFoundError as ex:
@@ -58,6 +59,14 @@ def _import(name: str, path: str, where: str) -> Any:
         raise ConfigError(
             f"{where}: importing '{name}' for {path} failed: {type(ex).__name__}: {ex}"
         ) from ex
+
+
+def import_module(name: str, where: str) -> ModuleType:
+    """The module `name`, or one ConfigError line naming `where` and how to make it importable."""
+    try:
+        return _import(name, name, where)
+    except _NotAModule as ex:
+        raise ConfigError(f"{where}: no module named '{ex}'; {WHERE_TO_INSTALL}") from ex
 
 
 def locate(path: str, where: str) -> Any:

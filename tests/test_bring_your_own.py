@@ -15,6 +15,7 @@ import pytest
 from conftest import CliResult, compose_config, prepared
 from ray.rllib.connectors.env_to_module import MeanStdFilter
 
+from runner import preflight
 from runner.errors import ConfigError
 from runner.user_code import ConnectorFactory, PolicyTable, locate
 
@@ -136,6 +137,58 @@ def test_pendulum_ppo_builds_rllibs_mean_std_filter_in_each_env_runner():
     assert isinstance(factory(None, None, None), MeanStdFilter)
 
 
+def test_a_learner_connector_list_builds_each_piece():
+    job = prepared(
+        [
+            "+algo.training.learner_connector=["
+            "{_target_: ray.rllib.connectors.learner.AddInfosFromEpisodesToTrainBatch},"
+            "{_target_: ray.rllib.connectors.learner.AddNextObservationsFromEpisodesToTrainBatch}]"
+        ]
+    )
+    pieces = job.config._learner_connector(None, None)
+    assert [type(p).__name__ for p in pieces] == [
+        "AddInfosFromEpisodesToTrainBatch",
+        "AddNextObservationsFromEpisodesToTrainBatch",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (
+            ["env.id=null", "env.entry_point=collections:OrderedDict"],
+            "env.entry_point=collections:OrderedDict made a OrderedDict, not a gymnasium.Env",
+        ),
+        (
+            [
+                "+algo.rl_module.rl_module_spec._target_=ray.rllib.core.rl_module:RLModuleSpec",
+                "+algo.rl_module.rl_module_spec.module_class=gymnasium:Env",
+            ],
+            "algo.rl_module.rl_module_spec.module_class: Env is not a subclass of RLModule",
+        ),
+        (
+            ["+algo.rl_module.rl_module_spec._target_=nope.specs:Spec"],
+            "algo.rl_module.rl_module_spec._target_: cannot import nope.specs:Spec: no module "
+            "named 'nope'",
+        ),
+        (
+            ["experiment=multi_agent_cartpole_ppo", "algo.multi_agent.policies_to_train=[p0,p3]"],
+            "algo.multi_agent.policies_to_train names policy 'p3'",
+        ),
+        (
+            ["experiment=multi_agent_cartpole_ppo", "env=cartpole"],
+            "algo.multi_agent declares policies but env.id=CartPole-v1 is a single-agent env",
+        ),
+    ],
+)
+def test_what_is_not_an_env_a_module_or_a_policy_is_one_line(overrides, expected):
+    """In-process, as the CLI's preflight does it (the CLI's own exit is in test_bad_input)."""
+    with pytest.raises(ConfigError) as raised:
+        job = prepared(overrides)
+        preflight.check_env(job.settings, job.config)
+    assert expected in str(raised.value) and "\n" not in str(raised.value)
+
+
 def test_connector_factory_pickles_and_builds_a_fresh_piece_each_call():
     factory = ConnectorFactory(
         {"_target_": "ray.rllib.connectors.env_to_module:MeanStdFilter"}, "where"
@@ -182,8 +235,3 @@ def test_a_user_config_dir_composes_with_the_shipped_groups():
     assert cfg.env.entry_point == "my_rl_pkg.envs:Corridor"
     assert cfg.compile.backend == "inductor"
     assert compose_config()["env"]["id"] == "CartPole-v1"
-
-
-def test_an_unknown_module_in_a_target_is_one_line():
-    with pytest.raises(ConfigError, match=r"^algo.rl_module.rl_module_spec._target_: cannot"):
-        prepared(["+algo.rl_module.rl_module_spec._target_=nope.specs:Spec"])

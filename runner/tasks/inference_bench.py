@@ -20,16 +20,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import gymnasium as gym
 import torch
 import torch._dynamo
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.core.columns import Columns
-from ray.rllib.env.env_context import EnvContext
 
 from runner.compile.apply import compile_function
 from runner.compile.settings import CompileSpec, cuda_graph_warning
 from runner.console import console
+from runner.envs import make_env
 from runner.errors import ConfigError
 from runner.results import plots
 from runner.results.files import write_csv, write_json
@@ -80,10 +79,7 @@ def check(settings: RunnerConfig, spec: CompileSpec | None) -> list[str]:
 
 def build_module(config: AlgorithmConfig) -> tuple[torch.nn.Module, torch.Tensor]:
     """The EnvRunner's RLModule for this config, and one real observation of its env."""
-    if callable(config.env):  # an env class or factory: RLlib passes an EnvContext
-        env = config.env(EnvContext(config.env_config, worker_index=0))
-    else:
-        env = gym.make(config.env, **config.env_config)
+    env = make_env(config.env, dict(config.env_config), "env")
     try:
         obs, _ = env.reset(seed=config.seed)
         module = config.get_rl_module_spec(env=env, inference_only=True).build().eval()
