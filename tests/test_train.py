@@ -1,9 +1,12 @@
-"""Real training through the CLI: results on disk, resume, remote EnvRunners, the main job."""
+"""Real training through the CLI: results on disk, resume, remote EnvRunners, the main job;
+and the progress line of iterations that end no episode."""
 
 from __future__ import annotations
 
 import yaml
 from conftest import TINY
+
+from runner.tasks.train import carry_last_return, print_row
 
 
 def test_tiny_training_writes_every_result_and_resume_continues(cli):
@@ -96,3 +99,31 @@ def test_dry_run_of_a_gpu_profile_on_this_machine(cli):
     assert plan["preflight"]["ok"] is False
     assert not (result.run_dir / "metrics.jsonl").exists()
     assert "resource plan" in result.stdout
+
+
+def test_iterations_without_an_episode_carry_the_last_known_return(capsys):
+    """SAC and DQN often end no episode in an iteration: the row keeps the last return mean
+    and its age, and the progress line says how old it is."""
+    rows: list[dict] = []
+    for iteration, ret in enumerate([None, -900.0, None, None, -700.0], start=1):
+        row = {
+            "iteration": iteration,
+            "episode_return_mean": ret,
+            "env_steps": 100.0 * iteration,
+            "env_steps_per_s": 50.0,
+            "wall_seconds": 1.0,
+            "module_episode_returns_mean": None,
+        }
+        carry_last_return(row, rows[-1] if rows else None)
+        rows.append(row)
+        print_row(row)
+    assert [(r["last_episode_return_mean"], r["return_age"]) for r in rows] == [
+        (None, None),
+        (-900.0, 0),
+        (-900.0, 1),
+        (-900.0, 2),
+        (-700.0, 0),
+    ]
+    lines = capsys.readouterr().out.splitlines()
+    assert "return mean  -900.00 (2 it ago)" in lines[3]
+    assert "return mean  -700.00 |" in lines[4] and "return mean        - |" in lines[0]

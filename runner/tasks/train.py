@@ -53,12 +53,30 @@ def _fmt(value: Any, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def carry_last_return(row: dict[str, Any], previous: dict[str, Any] | None) -> None:
+    """An iteration that ends no episode (common for SAC and DQN) has no return mean of
+    its own: keep the last known one, and how many iterations old it is (0: this one's)."""
+    if row["episode_return_mean"] is not None:
+        row["last_episode_return_mean"], row["return_age"] = row["episode_return_mean"], 0
+    elif previous is not None and previous["last_episode_return_mean"] is not None:
+        row["last_episode_return_mean"] = previous["last_episode_return_mean"]
+        row["return_age"] = previous["return_age"] + 1
+    else:
+        row["last_episode_return_mean"], row["return_age"] = None, None
+
+
+def _return_text(row: dict[str, Any]) -> str:
+    text = f"{_fmt(row['last_episode_return_mean'], '.2f'):>8}"
+    return f"{text} ({row['return_age']} it ago)" if row["return_age"] else text
+
+
 def print_row(row: dict[str, Any]) -> None:
-    """One line per iteration; a multi-agent run adds each policy's return mean."""
+    """One line per iteration (the last known return mean, with its age when it is not
+    this iteration's); a multi-agent run adds each policy's return mean."""
     per_policy = row["module_episode_returns_mean"] or {}
     console.print(
         f"iter {row['iteration']:>4} | env steps {_fmt(row['env_steps'], ',.0f'):>10} | "
-        f"return mean {_fmt(row['episode_return_mean'], '8.2f')} | "
+        f"return mean {_return_text(row)} | "
         f"{_fmt(row['env_steps_per_s'], ',.0f'):>7} steps/s | {row['wall_seconds']:7.1f} s"
         + (
             " | " + ", ".join(f"{m} {_fmt(v, '.1f')}" for m, v in sorted(per_policy.items()))
@@ -97,6 +115,7 @@ def train(run: TaskRun) -> dict[str, Any]:
         while True:
             result = algo.train()
             row = headline(result, time.perf_counter() - run.start_time)
+            carry_last_return(row, rows[-1] if rows else None)
             if verify:
                 row["compile_max_abs_diff"] = compile_report.max_diff(
                     compile_report.env_runner_reports(algo, True)
@@ -131,7 +150,7 @@ def train(run: TaskRun) -> dict[str, Any]:
         "iterations": last.get("iteration"),
         "iterations_this_run": len(rows),
         "env_steps": last.get("env_steps"),
-        "final_episode_return_mean": last.get("episode_return_mean"),
+        "final_episode_return_mean": last.get("last_episode_return_mean"),
         "final_module_episode_returns_mean": last.get("module_episode_returns_mean"),
         "best_episode_return_mean": best,
         "wall_seconds": time.perf_counter() - run.start_time,
