@@ -46,7 +46,7 @@ def _app(cfg: DictConfig) -> None:
             error_file.write_text("".join(traceback.format_exception(ex)))
             message = f"{message} (traceback in {error_file})"
         if not in_sweep:
-            _fail(message)
+            _fail(message, getattr(ex, "exit_code", 2))
         write_job(job_dir, "failed", overrides, error=message, wall_seconds=_since(job_start))
         print(f"error: job {hydra_cfg.job.num}: {message}", file=sys.stderr)
         return

@@ -185,6 +185,7 @@ def _check_run_settings(settings: RunnerConfig) -> None:
         "stop.env_steps": stop.env_steps,
         "stop.seconds": stop.seconds,
         "checkpoint.every": checkpoint.every,
+        "check.env_steps": settings.check.env_steps,
         "ray.num_cpus": settings.ray.num_cpus,
         "ray.num_gpus": settings.ray.num_gpus,
     }

@@ -140,6 +140,20 @@ class StopConfig:
 
 
 @dataclass
+class CheckConfig:
+    """A pass criterion as RLlib's tuned examples state one: `metric` (a path into RLlib's
+    result) reaches `threshold` within `env_steps`. No threshold: no check. A run stops
+    when it passes or spends the budget (or a `stop` criterion ends it first), and exits 1
+    if it did not pass."""
+
+    enabled: bool = True
+    metric: str = "env_runners/episode_return_mean"
+    threshold: float | None = None
+    env_steps: int | None = None
+    source: str = ""  # where the criterion is stated, e.g. RLlib's tuned example file
+
+
+@dataclass
 class RayConfig:
     """Where to run: a local Ray sized to this machine, or an existing cluster."""
 
@@ -204,6 +218,7 @@ class RunnerConfig:
     env: EnvConfig = MISSING
     task: TaskSettings = MISSING
     stop: StopConfig = field(default_factory=StopConfig)
+    check: CheckConfig = field(default_factory=CheckConfig)
     ray: RayConfig = field(default_factory=RayConfig)
     preflight: PreflightConfig = field(default_factory=PreflightConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)

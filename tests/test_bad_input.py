@@ -50,6 +50,7 @@ CASES = {
     ),
     "unquoted ~ in an override": (["compile.cache_dir=~/x"], """'compile.cache_dir="~/"""),
     "negative seconds": (["stop.seconds=-1"], "stop.seconds must be >= 0"),
+    "negative check budget": (["check.env_steps=-5"], "check.env_steps must be >= 0"),
     "negative Ray CPUs": (["ray.num_cpus=-1"], "ray.num_cpus must be >= 0"),
     "misspelled log level": (["ray.log_level=EROR"], "expected one of [DEBUG, INFO"),
     "another task's setting": (["task.batch_sizes=[1]"], "unknown config key 'task.batch_sizes'"),

@@ -71,6 +71,9 @@ WAYS: dict[str, Way] = {
     "python -m runner env=breakout stop.iterations=1 "
     "algo.training.train_batch_size_per_learner=512": Way(expect="done (iterations 1 >= 1)"),
     "python -m runner +algo.training.lrr=1": Way(code=2, expect="(did you mean lr?)"),
+    "python -m runner check.threshold=450 check.env_steps=300000": Way(
+        ("check.threshold=1",), expect="done (check passed: env_runners/episode_return_mean"
+    ),
     # Bring your own (the block's test uninstalls the example package afterwards)
     "pip install -e examples/my_rl_pkg": Way(expect="Successfully installed my-rl-pkg"),
     "python -m runner --config-dir examples/my_rl_pkg/conf experiment=corridor_ppo": Way(

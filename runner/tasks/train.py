@@ -16,12 +16,14 @@ from typing import Any
 import ray
 from ray.rllib.algorithms.algorithm import Algorithm
 
+from runner.check import Check
 from runner.compile import report as compile_report
 from runner.compile.settings import CompileSpec, compiled_on_cpu, cuda_graph_warning
 from runner.console import console
 from runner.results.files import (
     MetricsLog,
     checkpoint_dir,
+    flatten_numbers,
     headline,
     latest_checkpoint,
     write_json,
@@ -107,6 +109,7 @@ def train(run: TaskRun) -> dict[str, Any]:
         algo.restore_from_path(str(run.checkpoint.resolve()))
         console.print(f"resumed from {run.checkpoint} at iteration {algo.iteration}")
     metrics = MetricsLog(run_dir)
+    check = Check(settings.check)
     train_start = time.perf_counter()
     best = None
     rows: list[dict[str, Any]] = []
@@ -129,7 +132,12 @@ def train(run: TaskRun) -> dict[str, Any]:
             every = settings.checkpoint.every
             if every and algo.iteration % every == 0:
                 algo.save_to_path(str(checkpoint_dir(run_dir, algo.iteration).resolve()))
-            reason = stop_reason(settings.stop, row, time.perf_counter() - train_start) or ""
+            seconds = time.perf_counter() - train_start
+            reason = (
+                check.update(flatten_numbers(result), row["env_steps"] or 0, seconds)
+                or stop_reason(settings.stop, row, seconds)
+                or ""
+            )
             if reason:
                 break
     except KeyboardInterrupt:
@@ -161,6 +169,7 @@ def train(run: TaskRun) -> dict[str, Any]:
         "checkpoint": str(latest_checkpoint(run_dir) or ""),
         "compile_reports": reports,
         "env_runner_nodes": nodes,
+        "check": check,
     }
 
 
@@ -171,13 +180,15 @@ def run(run: TaskRun) -> None:
         run.spec, figures.pop("compile_reports")
     )
     console.print(compile_line)
-    summary = {**figures, "compile": compile_section, **run.provenance}
+    check = figures.pop("check")
+    summary = {**figures, "check": check.to_dict(), "compile": compile_section, **run.provenance}
     write_json(run.run_dir / "summary.json", summary)
     console.print(
         f"done ({summary['stop_reason'] or 'no stop criterion'}): "
         f"{summary['iterations']} iterations, {summary['env_steps'] or 0:,.0f} env steps, "
         f"{summary['wall_seconds']:.1f} s; results in {run.run_dir}"
     )
+    check.raise_if_failed()
 
 
 TASK = Task(name="train", settings=TrainSettings, run=run, check=check)

@@ -1,0 +1,84 @@
+"""A run's pass criterion, as RLlib's tuned examples state one (their `--as-test` mode):
+`metric` reaches `threshold` within an env-step budget.
+
+The training loop feeds `Check.update` each iteration's flattened result; the check
+says when the run may stop (passed, or the budget spent) and what summary.json records.
+A run whose check did not pass exits 1, as RLlib's `--as-test` does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from runner.errors import RunnerError
+from runner.schema import CheckConfig
+
+
+class CheckFailed(RunnerError):
+    """The run ended without reaching its check's threshold (exit code 1, not 2: the
+    input was fine, the result was not)."""
+
+    exit_code = 1
+
+
+@dataclass
+class Check:
+    """The state of one run's check: the metric's best value and when it passed."""
+
+    config: CheckConfig
+    value: float | None = None  # the metric's latest value (the last known one)
+    best: float | None = None
+    env_steps_to_threshold: float | None = None
+    seconds_to_threshold: float | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.config.enabled and self.config.threshold is not None
+
+    @property
+    def passed(self) -> bool:
+        return self.env_steps_to_threshold is not None
+
+    def update(self, metrics: dict[str, float], env_steps: float, seconds: float) -> str | None:
+        """Take one iteration's metrics; the stop reason when the check is decided."""
+        if not self.active:
+            return None
+        config = self.config
+        if config.metric in metrics:  # absent when no episode ended (SAC, DQN): keep the last
+            self.value = metrics[config.metric]
+            self.best = self.value if self.best is None else max(self.best, self.value)
+        if self.value is not None and self.value >= config.threshold:
+            self.env_steps_to_threshold, self.seconds_to_threshold = env_steps, seconds
+            return (
+                f"check passed: {config.metric} {self.value:.1f} >= {config.threshold:g} "
+                f"at {env_steps:,.0f} env steps"
+            )
+        if config.env_steps is not None and env_steps >= config.env_steps:
+            return f"check failed: {self._shortfall()}"
+        return None
+
+    def _shortfall(self) -> str:
+        best = "no value" if self.best is None else f"best {self.best:.1f}"
+        budget = f" within {self.config.env_steps:,} env steps" if self.config.env_steps else ""
+        return f"{self.config.metric} {best} < {self.config.threshold:g}{budget}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """summary.json's `check` section."""
+        return {
+            "enabled": self.active,
+            "metric": self.config.metric,
+            "threshold": self.config.threshold,
+            "env_steps_budget": self.config.env_steps,
+            "source": self.config.source,
+            "passed": self.passed if self.active else None,
+            "best": self.best,
+            "env_steps_to_threshold": self.env_steps_to_threshold,
+            "seconds_to_threshold": self.seconds_to_threshold,
+        }
+
+    def raise_if_failed(self) -> None:
+        """After summary.json is written: a check that did not pass is exit code 1."""
+        if self.active and not self.passed:
+            source = f" ({self.config.source})" if self.config.source else ""
+            raise CheckFailed(f"check failed: {self._shortfall()}{source}")

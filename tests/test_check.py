@@ -1,0 +1,69 @@
+"""A run's pass criterion (`check`, RLlib's --as-test): it stops the run when decided and
+sets the exit code; real runs for pass and fail, the bookkeeping in-process."""
+
+from __future__ import annotations
+
+from conftest import TINY
+
+from runner.check import Check
+from runner.schema import CheckConfig
+
+METRIC = "env_runners/episode_return_mean"
+
+
+def test_check_passes_at_the_threshold_and_keeps_the_last_known_value():
+    check = Check(CheckConfig(threshold=100.0, env_steps=1000))
+    assert check.update({METRIC: 40.0}, 200, 1.0) is None
+    assert check.update({}, 400, 2.0) is None  # no episode ended: 40 is still the value
+    reason = check.update({METRIC: 120.0}, 600, 3.0)
+    assert reason == f"check passed: {METRIC} 120.0 >= 100 at 600 env steps"
+    assert check.to_dict() == {
+        "enabled": True,
+        "metric": METRIC,
+        "threshold": 100.0,
+        "env_steps_budget": 1000,
+        "source": "",
+        "passed": True,
+        "best": 120.0,
+        "env_steps_to_threshold": 600,
+        "seconds_to_threshold": 3.0,
+    }
+
+
+def test_check_fails_when_the_budget_is_spent():
+    check = Check(CheckConfig(threshold=100.0, env_steps=1000))
+    assert check.update({METRIC: 90.0}, 500, 1.0) is None
+    assert check.update({METRIC: 80.0}, 1000, 2.0) == (
+        f"check failed: {METRIC} best 90.0 < 100 within 1,000 env steps"
+    )
+    assert not check.passed
+
+
+def test_no_threshold_or_disabled_is_no_check():
+    for config in (CheckConfig(), CheckConfig(enabled=False, threshold=1.0)):
+        check = Check(config)
+        assert check.update({METRIC: 500.0}, 10, 1.0) is None
+        assert check.to_dict()["passed"] is None
+        check.raise_if_failed()  # nothing to fail
+
+
+def test_a_run_that_passes_its_check_stops_and_exits_0(cli):
+    result = cli(*TINY, "check.threshold=1", "check.env_steps=100000", "stop.iterations=5")
+    assert result.returncode == 0, result.stderr
+    summary = result.json("summary.json")
+    assert summary["stop_reason"].startswith("check passed")
+    assert summary["iterations"] == 1
+    assert summary["check"]["passed"] is True
+    assert summary["check"]["env_steps_to_threshold"] == summary["env_steps"]
+
+
+def test_a_run_that_misses_its_check_exits_1_in_one_line(cli):
+    result = cli(*TINY, "check.threshold=100000", "check.env_steps=800", "checkpoint.every=0")
+    assert result.returncode == 1, result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"error: check failed: {METRIC} best ")
+    assert "< 100000 within 800 env steps" in line
+    summary = result.json("summary.json")  # every result is kept
+    assert summary["check"]["passed"] is False
+    assert summary["stop_reason"].startswith("check failed")
+    assert summary["env_steps"] >= 800
