@@ -30,16 +30,17 @@ def main() -> None:
         .env_runners(num_env_runners=0, num_envs_per_env_runner=8, num_cpus_per_env_runner=1)
         .learners(num_learners=0, num_gpus_per_learner=0)
         .training(
-            lr=0.0003,
+            lr=0.001,
             gamma=0.99,
             lambda_=0.95,
-            train_batch_size_per_learner=4000,
-            minibatch_size=512,
+            train_batch_size_per_learner=2000,
+            minibatch_size=250,
             num_epochs=6,
             clip_param=0.2,
             vf_loss_coeff=1.0,
             entropy_coeff=0.0,
         )
+        .rl_module(model_config={"fcnet_hiddens": [64, 64]})
         .debugging(seed=0, log_level="ERROR")
     )
     if args.config_out:

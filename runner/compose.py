@@ -43,17 +43,27 @@ _COUNT_MINIMUM = {"num_env_runners": 0, "num_envs_per_env_runner": 1, "num_learn
 
 
 @cache
-def builder_params(config_cls: type[AlgorithmConfig], method: str) -> frozenset[str]:
-    """Keyword arguments `config_cls.<method>()` takes, through its super() chain."""
-    names: set[str] = set()
+def builder_params(config_cls: type[AlgorithmConfig], method: str) -> dict[str, str]:
+    """Keyword arguments `config_cls.<method>()` takes, through its super() chain, with
+    their type annotations (the most derived class's) as text."""
+    params: dict[str, str] = {}
     for klass in config_cls.__mro__:
         fn = klass.__dict__.get(method)
         if fn is None:
             continue
         for p in list(inspect.signature(fn).parameters.values())[1:]:
             if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL):
-                names.add(p.name)
-    return frozenset(names)
+                params.setdefault(p.name, str(p.annotation))
+    return params
+
+
+def _as_annotated(value: Any, annotation: str) -> Any:
+    """YAML has no tuples: a list becomes one where RLlib's builder takes a tuple and no
+    list (DQN's and SAC's `n_step: [2, 5]`, a range RLlib samples from)."""
+    text = annotation.lower()
+    if isinstance(value, list) and "tuple" in text and "list" not in text:
+        return tuple(value)
+    return value
 
 
 def _call(builder: Callable[..., Any], where: str, kwargs: dict[str, Any]) -> None:
@@ -73,6 +83,7 @@ def call_builder(config: AlgorithmConfig, method: str, where: str, kwargs: dict)
                 f"unknown key '{where}.{key}': {type(config).__name__}.{method}() takes no "
                 f"'{key}'{did_you_mean(key, allowed)}"
             )
+    kwargs = {key: _as_annotated(value, allowed[key]) for key, value in kwargs.items()}
     _call(getattr(config, method), where, kwargs)
 
 

@@ -3,7 +3,8 @@
 A page marks each generated block with `<!-- NAME:begin -->` ... `<!-- NAME:end -->`:
 - `reproductions`: every checked-in reproduction with its published figures (from
   runner/data/, through runner/published.py);
-- `measured`: a report.md written by `python -m runner.report` (published vs measured).
+- `measured`: a report.md written by `python -m runner.report` (published vs measured);
+- `verification`: the report's verification table (tuned experiments over seeds).
 
     python -m runner.docs docs/reproductions.md
     python -m runner.docs docs/reproductions.md --measured outputs/report/report.md
@@ -52,13 +53,17 @@ def replace_block(text: str, name: str, body: str, page: Path) -> str:
     return pattern.sub(lambda _: f"{begin}\n{body}{end}", text)
 
 
-def refresh(page: Path, measured: str | None = None) -> None:
-    """Rewrite `page`'s reproductions block, and its measured block when given one."""
+def refresh(page: Path, measured: str | None = None, verification: str | None = None) -> None:
+    """Rewrite `page`'s reproductions block where it has one, and its measured and
+    verification blocks when given them (a page without a block it is given is an error)."""
     if not page.is_file():
         raise RunnerError(f"docs: '{page}' does not exist; pass a Markdown page with marked blocks")
-    text = replace_block(page.read_text(), "reproductions", experiments_markdown(), page)
-    if measured is not None:
-        text = replace_block(text, "measured", measured, page)
+    text = page.read_text()
+    if BEGIN.format("reproductions") in text or measured is None and verification is None:
+        text = replace_block(text, "reproductions", experiments_markdown(), page)
+    for name, body in (("measured", measured), ("verification", verification)):
+        if body is not None:
+            text = replace_block(text, name, body, page)
     page.write_text(text)
     print(f"refreshed {page}")
 

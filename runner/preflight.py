@@ -35,6 +35,7 @@ class Resources:
     gpus: float
     gpu_names: list[str]
     cpu_model: str = ""
+    local: bool = False  # a local Ray, whose CPU count ray.num_cpus sets
 
 
 @dataclass
@@ -71,6 +72,7 @@ def local_resources(ray_cfg: RayConfig) -> Resources:
         gpus=float(ray_cfg.num_gpus if ray_cfg.num_gpus is not None else cuda),
         gpu_names=names,
         cpu_model=_cpu_model(),
+        local=True,
     )
 
 
@@ -145,8 +147,14 @@ def _cpu_shortfall(plan: Plan, res: Resources) -> tuple[list[str], list[str]]:
             f"the plan's actors need {plan.actor_cpus:g} CPU(s) "
             f"({_breakdown(plan, 'cpus_each', 'CPU', actors_only=True)}) but {res.where} has "
             f"{res.cpus:g}; "
-            "lower scaling.num_env_runners or scaling.num_cpus_per_env_runner, or connect to "
-            f"a cluster with ray.address=..., {FORCE_HINT}"
+            "lower scaling.num_env_runners or scaling.num_cpus_per_env_runner, "
+            + (
+                f"share the cores with ray.num_cpus={plan.total_cpus:g} (as RLlib's CI runs its "
+                "tuned examples), "
+                if res.local
+                else ""
+            )
+            + f"or connect to a cluster with ray.address=..., {FORCE_HINT}"
         ], []
     if plan.total_cpus > res.cpus:
         return [], [
@@ -270,11 +278,11 @@ def check(
     report.warnings += _learner_placement(config, res)
     if (
         report.problems
-        and settings.reproduction
+        and (settings.reproduction or settings.check.threshold is not None)
         and settings.hardware.accelerator == Accelerator.cuda
     ):
         report.problems[-1] += (
-            "; or add scale=local to run this reproduction scaled down on one CPU machine"
+            "; or add scale=local to run this experiment scaled down on one CPU machine"
         )
     if not settings.preflight.strict and report.problems:
         report.warnings += [f"preflight.strict=false, going on: {p}" for p in report.problems]

@@ -2,9 +2,10 @@
 
 Every job leaves `job.json` (runner/results/jobs.py) in its dir. When Hydra's multirun
 ends, `SweepSummary` (a Hydra callback, see conf/config.yaml) reads the job dirs and
-writes `summary.csv`, `summary.md` and plots into the sweep dir, and ends the sweep with
-exit code 1 if a job failed; `python -m runner.sweep <sweep dir>` rebuilds them from any
-sweep dir.
+writes `summary.csv`, `summary.md` and plots into the sweep dir (and, when it ran some
+configuration with several seeds, `seeds.csv` and a learning curve per configuration:
+runner/results/seeds.py), and ends the sweep with exit code 1 if a job failed;
+`python -m runner.sweep <sweep dir>` rebuilds them from any sweep dir.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from omegaconf import DictConfig
 
 from runner import overrides as ov
 from runner.errors import RunnerError, tool_exit_code
-from runner.results import plots
+from runner.results import plots, seeds
 from runner.results.files import write_csv
 from runner.results.jobs import read_job
 
@@ -78,11 +79,16 @@ def job_row(job_dir: Path) -> dict[str, Any]:
         "cpus": job.get("cpus"),
         "gpus": job.get("gpus"),
         "_overrides": overrides,
+        "_dir": job_dir,
     }
     summary = _read_json(job_dir / "summary.json")
     if summary:
         comp = summary.get("compile") or {}
         row["final_episode_return_mean"] = summary.get("final_episode_return_mean")
+        row["best_episode_return_mean"] = summary.get("best_episode_return_mean")
+        row["check"] = summary.get("check") or {}
+        if row["wall_seconds"] is None:  # a run outside a sweep has no job.json
+            row["wall_seconds"] = summary.get("wall_seconds")
         row["env_steps_per_s"] = summary.get("env_steps_per_s")
         row["compile"] = (
             f"{comp.get('backend')}/{comp.get('mode') or 'default'}"
@@ -135,9 +141,44 @@ def summarize(sweep_dir: Path) -> list[dict[str, Any]]:
     extra = sorted(extra, key=lambda k: int(k.removeprefix("speedup_b")))
     columns = [*COLUMNS, *extra]
     write_csv(sweep_dir / "summary.csv", rows, columns)
-    (sweep_dir / "summary.md").write_text(markdown(rows, columns))
+    text = markdown(rows, columns)
+    if seeds.varies_seed(rows):
+        groups = seeds.group(rows, sweep_dir, _configuration_label)
+        write_csv(sweep_dir / "seeds.csv", groups, seeds.COLUMNS)
+        text += "\n## Over seeds\n\n" + seeds_markdown(groups)
+    (sweep_dir / "summary.md").write_text(text)
     plot(sweep_dir, rows)
     return rows
+
+
+def _configuration_label(row: dict[str, Any]) -> str:
+    return " ".join(seeds.configuration(row["_overrides"])) or "(defaults)"
+
+
+def seeds_markdown(groups: list[dict[str, Any]]) -> str:
+    """One row per configuration: pass rate, IQMs and the median steps to threshold, each
+    with its 95 % bootstrap interval in brackets."""
+    lines = [
+        "| configuration | seeds | passed | final return, IQM [95 % CI] | best return, IQM "
+        "[95 % CI] | env steps to threshold, median [95 % CI] | wall s, median | curve |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for g in groups:
+        passed = "" if g["passed"] is None else f"{g['passed']}/{g['seeds']}"
+        wall = "" if g["wall_seconds_median"] is None else f"{g['wall_seconds_median']:,.0f}"
+        curve = f"![]({g['curve']})" if g.get("curve") else ""
+        cells = [
+            g["configuration"],
+            str(g["seeds"]),
+            passed,
+            seeds.interval_text(g, "final_return"),
+            seeds.interval_text(g, "best_return"),
+            seeds.interval_text(g, "steps_to_threshold", "median"),
+            wall,
+            curve,
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def _cell(column: str, value: Any) -> str:

@@ -84,7 +84,7 @@ CASES = {
         "OrderedDict is not a ConnectorV2",
     ),
     "agent mapped to an undeclared policy": (
-        ["experiment=multi_agent_cartpole_ppo", "algo.multi_agent.policy_mapping_fn.1=p2"],
+        ["experiment=tuned_ppo_multi_agent_cartpole", "algo.multi_agent.policy_mapping_fn.1=p2"],
         "policy_mapping_fn names policy 'p2', which is not one of algo.multi_agent.policies",
     ),
     "RLModule that cannot be built": (

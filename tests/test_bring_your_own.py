@@ -103,7 +103,9 @@ def test_example_package_from_a_user_config_dir_with_compile(tmp_path: Path):
 def test_two_agent_cartpole_trains_both_policies(tmp_path: Path):
     result = run_with_package(
         tmp_path,
-        "experiment=multi_agent_cartpole_ppo",
+        "experiment=tuned_ppo_multi_agent_cartpole",
+        "check.enabled=false",
+        "scaling.num_env_runners=0",
         "compile=eager",
         *SMALL,
         "algo.training.minibatch_size=128",
@@ -125,7 +127,7 @@ def test_two_agent_cartpole_trains_both_policies(tmp_path: Path):
 
 
 def test_target_mappings_become_objects():
-    job = prepared(["experiment=multi_agent_cartpole_ppo"])
+    job = prepared(["experiment=tuned_ppo_multi_agent_cartpole"])
     spec = job.config.rl_module_spec
     assert set(spec.rl_module_specs) == {"p0", "p1"}
     assert job.config.policy_mapping_fn(1, None) == "p1"
@@ -133,7 +135,7 @@ def test_target_mappings_become_objects():
 
 
 def test_pendulum_ppo_builds_rllibs_mean_std_filter_in_each_env_runner():
-    factory = prepared(["experiment=pendulum_ppo"]).config._env_to_module_connector
+    factory = prepared(["experiment=tuned_ppo_pendulum"]).config._env_to_module_connector
     assert isinstance(factory(None, None, None), MeanStdFilter)
 
 
@@ -172,11 +174,14 @@ def test_a_learner_connector_list_builds_each_piece():
             "named 'nope'",
         ),
         (
-            ["experiment=multi_agent_cartpole_ppo", "algo.multi_agent.policies_to_train=[p0,p3]"],
+            [
+                "experiment=tuned_ppo_multi_agent_cartpole",
+                "algo.multi_agent.policies_to_train=[p0,p3]",
+            ],
             "algo.multi_agent.policies_to_train names policy 'p3'",
         ),
         (
-            ["experiment=multi_agent_cartpole_ppo", "env=cartpole"],
+            ["experiment=tuned_ppo_multi_agent_cartpole", "env=cartpole"],
             "algo.multi_agent declares policies but env.id=CartPole-v1 is a single-agent env",
         ),
     ],

@@ -57,7 +57,9 @@ WAYS: dict[str, Way] = {
     "python -m runner -m compile=none,inductor_default scaling.num_env_runners=0,1": Way(
         TINY, expect="sweep: 4 jobs, 0 failed"
     ),
-    "python -m runner experiment=pendulum_sac": Way(TINY, expect="done (iterations 1 >= 1)"),
+    "python -m runner experiment=tuned_sac_pendulum": Way(
+        (*TINY, "check.enabled=false"), expect="done (iterations 1 >= 1)"
+    ),
     "python -m runner --help": Way(expect="experiment: "),
     "python -m runner --cfg job": Way(expect="num_env_runners:"),
     # Overrides
@@ -82,8 +84,24 @@ WAYS: dict[str, Way] = {
     "python -m runner env.id=my_rl_pkg:MyRL/Corridor-v0 scaling.num_env_runners=1 "
     "stop.iterations=3": Way(TINY, expect="done (iterations 1 >= 1)"),
     # Trained for two iterations by tests/test_bring_your_own.py.
-    "python -m runner experiment=multi_agent_cartpole_ppo": Way(
+    "python -m runner experiment=tuned_ppo_multi_agent_cartpole": Way(
         ("dry_run=true",), expect="dry run: nothing started"
+    ),
+    # Tuned presets (their full runs are benchmarks: benchmarks/tuned_experiments.sh)
+    "python -m runner experiment=tuned_dqn_cartpole": Way(
+        (*TINY, "check.threshold=1"), expect="done (check passed"
+    ),
+    # 4 EnvRunners and a remote Learner: remote actors train in tests/test_train.py.
+    "python -m runner experiment=tuned_ppo_cartpole ray.num_cpus=8": Way(
+        ("dry_run=true",), expect="dry run: nothing started"
+    ),
+    # Seeds grouped: tests/test_sweep.py, over 3 seeds.
+    "python -m runner -m experiment=tuned_dqn_cartpole seed=0,1,2,3,4": Way(
+        ("seed=0", *TINY, "check.threshold=1"), expect="sweep: 1 jobs, 0 failed"
+    ),
+    "DOC=docs/tuned.md bash benchmarks/tuned_experiments.sh": Way(
+        env={"ONLY": "main_job", "SEEDS": "0", "EXTRA": "stop.iterations=1 check.threshold=1"},
+        expect="refreshed docs/tuned.md",
     ),
     # Plan and preflight
     "python -m runner hardware=a100 compile=inductor_ro scaling.num_learners=2": Way(

@@ -9,10 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import TINY
+from scipy import stats
 
-from runner import sweep
+from runner import report, sweep
 
 # One iteration of a few hundred steps: a job takes seconds.
 JOB = [
@@ -179,3 +181,59 @@ def test_each_job_gets_a_ray_of_its_own(tmp_path: Path):
     ]
     assert len(nodes[0]) == len(nodes[1]) == 1
     assert nodes[0] != nodes[1]
+
+
+def test_seeds_are_grouped_with_intervals_and_a_learning_curve(tmp_path: Path):
+    """Three seeds of one configuration: one row with the pass rate, IQMs with scipy's
+    bootstrap intervals, the median steps to threshold, and the learning-curve plot."""
+    job = [o for o in JOB if o != "stop.iterations=1"]
+    proc = run_sweep(
+        tmp_path,
+        "seed=0,1,2",
+        *job,
+        "check.threshold=27",
+        "check.env_steps=1200",
+        "stop.iterations=null",
+    )
+    sweep_dir = tmp_path / "sweep"
+    summaries = [json.loads((sweep_dir / str(n) / "summary.json").read_text()) for n in range(3)]
+    passed = [s["check"]["passed"] for s in summaries]
+    # A seed that misses the check fails its job, as RLlib's --as-test does.
+    assert proc.returncode == (0 if all(passed) else 1), proc.stderr
+    with (sweep_dir / "seeds.csv").open() as f:
+        (row,) = list(csv.DictReader(f))
+    assert "check.threshold=27" in row["configuration"] and "seed=" not in row["configuration"]
+    assert (int(row["seeds"]), int(row["passed"])) == (3, sum(passed))
+    finals = np.array([s["final_episode_return_mean"] for s in summaries])
+    assert float(row["final_return_iqm"]) == pytest.approx(stats.trim_mean(finals, 0.25))
+    assert float(row["final_return_low"]) <= float(row["final_return_iqm"])
+    assert float(row["final_return_iqm"]) <= float(row["final_return_high"])
+    assert float(row["final_return_low"]) >= finals.min() - 1e-9
+    assert float(row["final_return_high"]) <= finals.max() + 1e-9
+    steps = [s["check"]["env_steps_to_threshold"] for s in summaries if s["check"]["passed"]]
+    expected = np.median(steps) if steps else None
+    assert (float(row["steps_to_threshold_median"]) if steps else None) == expected
+    assert (sweep_dir / row["curve"]).read_bytes()[:4] == b"\x89PNG"
+    assert "## Over seeds" in (sweep_dir / "summary.md").read_text()
+    # The report's verification table: the same seeds, one row, its criterion.
+    out = tmp_path / "report"
+    assert report.main([str(sweep_dir), "--out", str(out)]) == 0
+    table = (out / "verification.md").read_text().splitlines()
+    (line,) = [t for t in table if t.startswith("| python -m runner ")]
+    assert f"| 27 within 1,200 | {sum(passed)}/3 |" in line
+    assert (out / "learning_curve_0.png").is_file()
+
+
+def test_interval_and_curve_band():
+    from runner.results import seeds
+
+    assert seeds.interval([5.0], seeds.iqm) == (5.0, 5.0, 5.0)
+    assert seeds.interval([None], seeds.iqm) == (None, None, None)
+    point, low, high = seeds.interval([1.0, 2.0, 3.0, 4.0, 100.0], seeds.iqm)
+    assert point == pytest.approx(3.0) and low < point < high < 100.0
+    # A run that stopped early holds its last value; before its first point it has none.
+    early = (np.array([10.0, 20.0]), np.array([1.0, 3.0]))
+    late = (np.array([10.0, 40.0]), np.array([1.0, 5.0]))
+    grid, mid, _, _ = seeds.band([early, late])
+    assert grid[0] == 10.0 and grid[-1] == 40.0
+    assert mid[-1] == pytest.approx(4.0)  # mean of 3 (held) and 5

@@ -85,8 +85,8 @@ def test_experiment_values_override_the_root_config():
     """An experiment's `stop` wins over conf/config.yaml's (the root comes first)."""
     from conftest import compose_config
 
-    assert compose_config([]).stop.iterations == 200
-    assert compose_config(["experiment=pendulum_sac"]).stop.iterations == 100
+    assert compose_config([]).stop.seconds == 90
+    assert compose_config(["experiment=tuned_sac_pendulum"]).stop.seconds is None
 
 
 def test_dry_run_of_a_gpu_profile_on_this_machine(cli):
@@ -127,3 +127,34 @@ def test_iterations_without_an_episode_carry_the_last_known_return(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert "return mean  -900.00 (2 it ago)" in lines[3]
     assert "return mean  -700.00 |" in lines[4] and "return mean        - |" in lines[0]
+
+
+def _learning_figures(rows: list[dict]) -> list[dict]:
+    """What a seed must fix: returns, steps and every learner statistic but timings."""
+    return [
+        {
+            "episode_return_mean": r["episode_return_mean"],
+            "env_steps": r["env_steps"],
+            **{
+                k: v
+                for k, v in r["metrics"].items()
+                if k.startswith("learners/") and "time" not in k and "throughput" not in k
+            },
+        }
+        for r in rows
+    ]
+
+
+def test_same_seed_without_env_runner_actors_gives_identical_metrics(cli):
+    """num_env_runners=0: sampling and learning in one process, so a seed fixes every
+    figure of the first iterations (the README says what is not deterministic)."""
+    common = (*TINY, "scaling.num_env_runners=0", "stop.iterations=3", "checkpoint.at_end=false")
+    first = cli(*common, "seed=3", run_dir="a")
+    second = cli(*common, "seed=3", run_dir="b")
+    other = cli(*common, "seed=4", run_dir="c")
+    for result in (first, second, other):
+        assert result.returncode == 0, result.stderr
+    figures = _learning_figures(first.jsonl("metrics.jsonl"))
+    assert len(figures) == 3 and "learners/default_policy/total_loss" in figures[0]
+    assert figures == _learning_figures(second.jsonl("metrics.jsonl"))
+    assert figures != _learning_figures(other.jsonl("metrics.jsonl"))

@@ -105,3 +105,25 @@ def exploration_bench(
     ax.set_title(title)
     ax.legend()
     return _save(plt, fig, path)
+
+
+def curve_band(
+    path: Path,
+    curve: tuple[Any, Any, Any, Any],
+    title: str,
+    threshold: float | None,
+    seeds: int,
+) -> Path:
+    """A learning curve over seeds: the IQM line and its confidence interval as a band,
+    with the check's threshold as a dashed line."""
+    plt = pyplot()
+    grid, mid, low, high = curve
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(grid, mid, "-", label=f"IQM over {seeds} seed(s)")
+    ax.fill_between(grid, low, high, alpha=0.3, label="95 % bootstrap CI")
+    if threshold is not None:
+        ax.axhline(threshold, color="black", linestyle="--", linewidth=0.8, label="threshold")
+    ax.set(xlabel="env steps sampled", ylabel="episode return mean")
+    ax.set_title(title, fontsize=8)
+    ax.legend(fontsize=7)
+    return _save(plt, fig, path)

@@ -1,0 +1,180 @@
+"""A sweep's jobs grouped over seeds: one row per configuration, with intervals.
+
+Jobs whose overrides differ only in `seed` are one configuration. With a handful of seeds
+a mean and a standard deviation say little, so each figure is the interquartile mean
+(IQM) with a 95 % percentile bootstrap confidence interval from scipy (the estimators
+rliable recommends for few runs); env steps to the check's threshold is a median over
+the seeds that reached it, with its own interval.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+from runner import overrides as ov
+from runner.results import plots
+
+CONFIDENCE = 0.95
+RESAMPLES = 2000
+CURVE_POINTS = 50
+
+COLUMNS = (
+    "configuration",
+    "seeds",
+    "passed",
+    "pass_rate",
+    "threshold",
+    "env_steps_budget",
+    "source",
+    "final_return_iqm",
+    "final_return_low",
+    "final_return_high",
+    "best_return_iqm",
+    "best_return_low",
+    "best_return_high",
+    "steps_to_threshold_median",
+    "steps_to_threshold_low",
+    "steps_to_threshold_high",
+    "wall_seconds_median",
+    "curve",
+)
+
+
+def iqm(values: np.ndarray, axis: int = -1) -> np.ndarray:
+    """Interquartile mean: the mean of the middle half (a plain mean below 4 values)."""
+    return stats.trim_mean(values, 0.25, axis=axis)
+
+
+def median(values: np.ndarray, axis: int = -1) -> np.ndarray:
+    return np.median(values, axis=axis)
+
+
+def interval(
+    values: list[float], statistic: Callable[..., np.ndarray]
+) -> tuple[float | None, float | None, float | None]:
+    """(statistic, low, high): the 95 % bootstrap interval; a single value is its own."""
+    data = np.asarray([v for v in values if v is not None], dtype=float)
+    if data.size == 0:
+        return None, None, None
+    point = float(statistic(data))
+    if data.size < 2 or np.all(data == data[0]):
+        return point, point, point
+    result = stats.bootstrap(
+        (data,),
+        statistic,
+        confidence_level=CONFIDENCE,
+        n_resamples=RESAMPLES,
+        method="percentile",
+        rng=np.random.default_rng(0),
+    )
+    ci = result.confidence_interval
+    return point, float(ci.low), float(ci.high)
+
+
+def interval_text(group: dict[str, Any], name: str, center: str = "iqm") -> str:
+    """A group's figure with its interval, e.g. "412 [380, 450]" ("-": none)."""
+    point, low, high = (group[f"{name}_{part}"] for part in (center, "low", "high"))
+    if point is None:
+        return "-"
+    digits = 0 if abs(point) >= 100 else 1
+    return f"{point:,.{digits}f} [{low:,.{digits}f}, {high:,.{digits}f}]"
+
+
+def configuration(overrides: list[str]) -> tuple[str, ...]:
+    """A job's configuration: its overrides without the seed."""
+    return tuple(sorted(o for o in overrides if ov.key(o) != "seed"))
+
+
+def varies_seed(rows: list[dict[str, Any]]) -> bool:
+    """True when some configuration ran with more than one seed."""
+    seen: dict[tuple[str, ...], set[str]] = {}
+    for r in rows:
+        seen.setdefault(configuration(r["_overrides"]), set()).add(
+            ov.value(r["_overrides"], "seed") or "0"
+        )
+    return any(len(s) > 1 for s in seen.values())
+
+
+def curve(job_dir: Path) -> tuple[np.ndarray, np.ndarray]:
+    """(env steps, last known return mean) per iteration, from the job's metrics.jsonl."""
+    path = job_dir / "metrics.jsonl"
+    points = []
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            ret = row.get("last_episode_return_mean", row.get("episode_return_mean"))
+            if row.get("env_steps") is not None and ret is not None:
+                points.append((row["env_steps"], ret))
+    data = np.asarray(points, dtype=float).reshape(-1, 2)
+    return data[:, 0], data[:, 1]
+
+
+def band(
+    curves: list[tuple[np.ndarray, np.ndarray]],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """IQM and its interval over seeds on a common env-step grid. A run is read between its
+    first and last point; one that stopped early (it passed) holds its last value."""
+    curves = [c for c in curves if c[0].size]
+    end = max(float(x[-1]) for x, _ in curves)
+    grid = np.linspace(min(float(x[0]) for x, _ in curves), end, CURVE_POINTS)
+    values = np.full((len(curves), grid.size), np.nan)
+    for i, (x, y) in enumerate(curves):
+        values[i] = np.where(grid >= x[0], np.interp(grid, x, y), np.nan)
+    mid, low, high = (np.full(grid.size, np.nan) for _ in range(3))
+    for j in range(grid.size):
+        column = values[~np.isnan(values[:, j]), j]
+        if column.size:
+            mid[j], low[j], high[j] = interval(list(column), iqm)
+    return grid, mid, low, high
+
+
+def group(rows: list[dict[str, Any]], out_dir: Path, label: Callable[[dict], str]) -> list[dict]:
+    """One row per configuration (in first-job order), and its learning-curve plot in
+    `out_dir`; `label` names a configuration by one of its jobs' rows (the sweep summary's,
+    runner/sweep.py). A seed that wrote no summary counts as not passed."""
+    groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault(configuration(r["_overrides"]), []).append(r)
+    out = []
+    for n, jobs in enumerate(groups.values()):
+        done = [r for r in jobs if "check" in r]  # those that wrote a summary.json
+        checks = [r["check"] for r in done if r["check"].get("enabled")]
+        reached = [c["env_steps_to_threshold"] for c in checks if c.get("passed")]
+        row: dict[str, Any] = {
+            "configuration": label(jobs[0]),
+            "seeds": len(jobs),
+            "passed": len(reached) if checks else None,
+            "pass_rate": len(reached) / len(jobs) if checks else None,
+            "threshold": checks[0]["threshold"] if checks else None,
+            "env_steps_budget": checks[0]["env_steps_budget"] if checks else None,
+            "source": checks[0].get("source") if checks else None,
+        }
+        for name, key in (
+            ("final_return", "final_episode_return_mean"),
+            ("best_return", "best_episode_return_mean"),
+        ):
+            point, low, high = interval([r.get(key) for r in done], iqm)
+            row.update({f"{name}_iqm": point, f"{name}_low": low, f"{name}_high": high})
+        point, low, high = interval(reached, median)
+        row.update(
+            steps_to_threshold_median=point,
+            steps_to_threshold_low=low,
+            steps_to_threshold_high=high,
+        )
+        walls = [r["wall_seconds"] for r in jobs if r.get("wall_seconds") is not None]
+        row["wall_seconds_median"] = float(np.median(walls)) if walls else None
+        curves = [curve(r["_dir"]) for r in jobs if r.get("_dir")]
+        if any(x.size for x, _ in curves):
+            path = out_dir / f"learning_curve_{n}.png"
+            plots.curve_band(
+                path, band(curves), row["configuration"], row["threshold"], len(curves)
+            )
+            row["curve"] = path.name
+        out.append(row)
+    return out
