@@ -20,9 +20,10 @@ from runner.app import run  # noqa: E402
 from runner.errors import RunnerError, one_line  # noqa: E402
 from runner.ray_session import stop_ray  # noqa: E402
 from runner.results.files import RESULT_FILES  # noqa: E402
-from runner.results.jobs import ERROR_FILE, finished_before, write_job  # noqa: E402
+from runner.results.jobs import ERROR_FILE, earlier_attempt, write_job  # noqa: E402
 from runner.schema import register_configs  # noqa: E402
-from runner.sweep import FailedJobs  # noqa: E402
+from runner.shutdown import Interrupted, install_default  # noqa: E402
+from runner.sweep import FailedJobs, summarize  # noqa: E402
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
@@ -33,11 +34,22 @@ def _app(cfg: DictConfig) -> None:
     overrides = list(hydra_cfg.overrides.task)
     in_sweep = hydra_cfg.mode == RunMode.MULTIRUN
     job_start = time.perf_counter()
-    if in_sweep and finished_before(job_dir, overrides):
-        print(f"job {hydra_cfg.job.num}: finished in an earlier run of this sweep, skipped")
-        return
+    carry_on = None
+    if in_sweep:
+        skip, carry_on = earlier_attempt(job_dir, overrides)
+        if skip:
+            print(f"job {hydra_cfg.job.num}: finished in an earlier run of this sweep, skipped")
+            return
     try:
-        totals = run(cfg, START if not in_sweep else job_start)
+        totals = run(cfg, START if not in_sweep else job_start, carry_on)
+    except Interrupted as stop:
+        if in_sweep:  # recorded, so a re-run of the sweep continues this job
+            write_job(
+                job_dir, "interrupted", overrides, error=str(stop), wall_seconds=_since(job_start)
+            )
+            summarize(Path(hydra_cfg.sweep.dir))
+            print(f"sweep stopped at job {hydra_cfg.job.num}: run it again to continue")
+        raise
     except Exception as ex:
         message = one_line(ex)
         if not isinstance(ex, RunnerError):
@@ -82,6 +94,7 @@ def _refuse_used_run_dir(argv: list[str]) -> None:
 
 def main() -> None:
     """Run the app; Hydra's errors propagate (HYDRA_FULL_ERROR) so they can be one line."""
+    install_default()
     register_configs()
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")
     _refuse_used_run_dir(sys.argv[1:])
@@ -89,6 +102,8 @@ def main() -> None:
         _app()
     except FailedJobs as failed:  # from the sweep summary, when a multirun ends
         _fail(str(failed), 1)
+    except Interrupted as stop:  # 128 + the signal's number, after the run kept what finished
+        _fail(str(stop), stop.exit_code)
     except Exception as ex:
         _fail(one_line(ex))
 

@@ -28,9 +28,11 @@ from runner.console import console
 from runner.errors import ConfigError, PreflightError
 from runner.plan import Plan, make_plan
 from runner.ray_session import import_py_modules_here, quiet_ray, start_ray
+from runner.results import checkpoints
 from runner.results.files import RESULT_FILES, json_safe, versions, write_json
 from runner.resume import OVERRIDES_FILE, compose_for_resume
 from runner.schema import RunnerConfig, typed
+from runner.shutdown import install_default
 from runner.tasks.base import Task, TaskRun
 
 log = logging.getLogger("runner")
@@ -98,14 +100,29 @@ def provenance(settings: RunnerConfig, resources: preflight.Resources) -> dict[s
     }
 
 
-def run(cfg: DictConfig, start_time: float) -> dict[str, Any]:
+def carried_on(attempt: Path | None) -> tuple[Path | None, list[str]]:
+    """An interrupted sweep job's newest good checkpoint, and its metrics.jsonl lines up
+    to that checkpoint's iteration (the new attempt's file starts with them)."""
+    checkpoint = checkpoints.latest(attempt) if attempt else None
+    if attempt is None or checkpoint is None:
+        return None, []
+    checkpoint = checkpoints.verified(checkpoint)
+    iteration = (checkpoints.manifest(checkpoint) or {}).get("iteration", 0)
+    lines = (attempt / "metrics.jsonl").read_text().splitlines()
+    history = [line for line in lines if json.loads(line)["iteration"] <= iteration]
+    console.print(f"continuing the interrupted job from {checkpoint}")
+    return checkpoint, history
+
+
+def run(cfg: DictConfig, start_time: float, attempt: Path | None = None) -> dict[str, Any]:
     """Prepare, check against what exists, then dry-run or run the task; every file lands
-    in Hydra's run dir. Returns the plan's CPU and GPU totals, for a sweep job's record."""
+    in Hydra's run dir. `attempt`: an interrupted earlier attempt of this sweep job to
+    continue. Returns the plan's CPU and GPU totals, for a sweep job's record."""
     quiet_ray(cfg.ray.log_level)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     if any((run_dir / name).exists() for name in RESULT_FILES):
         raise ConfigError(f"run dir '{run_dir}' already holds a run's results; use a new one")
-    checkpoint = None
+    checkpoint, history = carried_on(attempt)
     overrides = list(HydraConfig.get().overrides.task)
     if cfg.resume:
         cfg, checkpoint, overrides = compose_for_resume(cfg, overrides)
@@ -139,6 +156,7 @@ def run(cfg: DictConfig, start_time: float) -> dict[str, Any]:
         raise PreflightError("; ".join(report.problems))
     if job.task.needs_ray:
         start_ray(settings.ray, settings.compile.cache_dir)
+    install_default()  # after ray.init, which sets a SIGTERM handler of its own
     job.task.run(
         TaskRun(
             settings=settings,
@@ -148,6 +166,7 @@ def run(cfg: DictConfig, start_time: float) -> dict[str, Any]:
             provenance=provenance(settings, resources),
             start_time=start_time,
             checkpoint=checkpoint,
+            history=history,
         )
     )
     return totals

@@ -16,6 +16,11 @@ from hydra.errors import MissingConfigException, OverrideParseException
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
+# Ray's ActorDiedError text: the class, the pid and how the worker exited.
+_ACTOR_DIED = re.compile(
+    r"actor died unexpectedly.*?class_name: (\S+).*?pid: (\d+).*?Worker exit type: (\w+)"
+)
+
 
 class RunnerError(Exception):
     """An error whose message is already one line naming the problem and the fix."""
@@ -89,6 +94,13 @@ def one_line(ex: BaseException) -> str:
         msg = str(cause).splitlines()[0]
         key = getattr(cause, "full_key", None)
         return f"invalid value for '{key}': {msg}" if key else _squash(str(cause))
+    died = _ACTOR_DIED.search(" ".join(str(ex).split()))
+    if died:
+        name, pid, kind = died.groups()
+        return (
+            f"a Ray actor died: {name.rsplit('.', 1)[-1]} (pid {pid}), {kind}: its process "
+            "was killed, ran out of memory or crashed (its log is under Ray's session dir)"
+        )
     text = _squash(str(ex)) or type(ex).__name__
     return re.sub(r"\s*Set the environment variable HYDRA_FULL_ERROR.*$", "", text)
 

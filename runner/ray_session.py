@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -68,3 +71,66 @@ def stop_ray() -> None:
     joblib launcher) starts its own, with its own ray.address and ray.num_cpus."""
     if ray.is_initialized():
         ray.shutdown()
+
+
+def _resources(bundle: dict[str, float]) -> str:
+    return ", ".join(f"{v:g} {k}" for k, v in sorted(bundle.items()) if v)
+
+
+def waiting_for() -> str:
+    """What Ray cannot place yet, from its GCS tables (the state API proper needs the
+    dashboard, which the runner's local Ray leaves off): this job's actors pending
+    creation and pending placement groups with the resources they ask for, beside what is
+    free. A stall with nothing pending is a component that is busy or hung."""
+    from ray._private import state  # the GCS actor table behind `ray list actors`
+
+    job = ray.JobID.from_hex(ray.get_runtime_context().get_job_id())
+    pending = Counter(
+        a["ActorClassName"]
+        for a in state.actors(job_id=job).values()
+        if a["State"] in ("PENDING_CREATION", "DEPENDENCIES_UNREADY")
+    )
+    groups = [
+        " + ".join(_resources(b) for b in pg["bundles"].values())
+        for pg in ray.util.placement_group_table().values()
+        if pg["state"] == "PENDING"
+    ]
+    free, total = ray.available_resources(), ray.cluster_resources()
+    have = ", ".join(
+        f"{free.get(k, 0):g} of {total[k]:g} {k}" for k in ("CPU", "GPU") if k in total
+    )
+    what = [f"{n} {name} actor{'s' if n > 1 else ''}" for name, n in sorted(pending.items())]
+    what += [f"a placement group of {g}" for g in groups]
+    if not what:
+        return (
+            f"Ray has nothing pending ({have} free): an actor or the driver is busy or "
+            "hung; its logs are under Ray's session dir (/tmp/ray/session_latest/logs)"
+        )
+    return f"Ray is waiting to place {', '.join(what)}; free: {have}"
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid`, from /proc (Ray's agents outlive a killed raylet)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+        except (OSError, ValueError):
+            continue
+        if entry.name.isdigit():
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        children = [c for c, p in parents.items() if p == parent]
+        found += children
+        todo += children
+    return found
+
+
+def kill_local_ray() -> None:
+    """Kill every process this one started (its local Ray: GCS, raylet, agents, actors)
+    at once, for a second signal; a cluster reaps a driver's actors itself."""
+    for pid in descendants(os.getpid()):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)

@@ -14,29 +14,32 @@ from omegaconf import DictConfig
 
 from runner import overrides as ov
 from runner.errors import ConfigError
-from runner.results.files import CHECKPOINT_FILE, latest_checkpoint
+from runner.results import checkpoints
+from runner.results.checkpoints import CHECKPOINT_FILE, MANIFEST
 
 OVERRIDES_FILE = "composed_overrides.yaml"
 
 
 def find_checkpoint(path_text: str) -> tuple[Path, Path | None]:
-    """(checkpoint dir, the run dir it belongs to) for a run dir or a checkpoint dir."""
+    """(checkpoint dir, the run dir it belongs to) for a run dir or a checkpoint dir: the
+    run dir's newest complete checkpoint, checked against its manifest (checkpoints are
+    pickles: resume only checkpoints you trust)."""
     path = Path(path_text).expanduser()
     if not path.exists():
         raise ConfigError(
             f"resume path '{path}' does not exist; pass a run dir (one with checkpoints/) "
             "or a checkpoint dir"
         )
-    if (path / CHECKPOINT_FILE).is_file():
+    if (path / CHECKPOINT_FILE).is_file() or (path / MANIFEST).is_file():
         run_dir = path.parent.parent
-        return path, run_dir if (run_dir / ".hydra").is_dir() else None
-    checkpoint = latest_checkpoint(path)
+        return checkpoints.verified(path), run_dir if (run_dir / ".hydra").is_dir() else None
+    checkpoint = checkpoints.latest(path)
     if checkpoint is None:
         raise ConfigError(
             f"resume path '{path}' holds no checkpoint (no checkpoints/*/{CHECKPOINT_FILE}); "
             "pass a run dir of this runner or an RLlib checkpoint dir"
         )
-    return checkpoint, path
+    return checkpoints.verified(checkpoint), path
 
 
 def saved_overrides(run_dir: Path) -> list[str]:

@@ -177,6 +177,47 @@ class PreflightConfig:
 class CheckpointConfig:
     every: int = 10  # iterations; 0 = only at the end
     at_end: bool = True
+    # Keep the newest `keep` checkpoints (null: all) and the `keep_best` ones with the
+    # highest episode return mean; the rest are removed as the run goes.
+    keep: int | None = 3
+    keep_best: int = 1
+
+
+@dataclass
+class ShutdownConfig:
+    """On SIGTERM, SIGINT or SIGHUP the iteration in flight may finish for `grace_seconds`
+    (inside Kubernetes' default 30 s before its SIGKILL); then it is abandoned."""
+
+    grace_seconds: float = 20.0
+
+
+class NonFinite(str, Enum):
+    stop = "stop"
+    warn = "warn"
+    off = "off"
+
+
+@dataclass
+class GuardConfig:
+    """A NaN or inf in a Learner loss, a gradient norm or the episode return: stop the run
+    (keeping the last finite checkpoint), warn, or ignore it."""
+
+    non_finite: NonFinite = NonFinite.stop
+
+
+@dataclass
+class WatchdogConfig:
+    """Stop a run in which no iteration finishes in time, saying what Ray waits for.
+
+    `seconds` fixes the bound; null bounds the first iteration (with the Algorithm's
+    build) by `first_iteration_seconds`, and each later one by `median_multiple` times
+    the median iteration so far, at least `min_seconds`. `enabled: false` turns it off."""
+
+    enabled: bool = True
+    seconds: float | None = None
+    first_iteration_seconds: float = 900.0
+    median_multiple: float = 10.0
+    min_seconds: float = 60.0
 
 
 @dataclass
@@ -222,6 +263,9 @@ class RunnerConfig:
     ray: RayConfig = field(default_factory=RayConfig)
     preflight: PreflightConfig = field(default_factory=PreflightConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    shutdown: ShutdownConfig = field(default_factory=ShutdownConfig)
+    guard: GuardConfig = field(default_factory=GuardConfig)
+    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
     # Set only by the reproduction files in conf/experiment/.
     reproduction: ReproductionConfig | None = None
     seed: int | None = 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -55,12 +56,20 @@ class CliResult:
         return [json.loads(line) for line in (self.run_dir / name).read_text().splitlines()]
 
 
-def run_cli(cwd: Path, *overrides: str, run_dir: str = "run", timeout: float = 600) -> CliResult:
-    """`python -m runner` in `cwd` (so the installed package is used), run dir under cwd."""
+def run_cli(
+    cwd: Path,
+    *overrides: str,
+    run_dir: str = "run",
+    timeout: float = 600,
+    env: dict[str, str] | None = None,
+) -> CliResult:
+    """`python -m runner` in `cwd` (so the installed package is used), run dir under cwd;
+    `env` adds to the environment."""
     start = time.perf_counter()
     proc = subprocess.run(
         [sys.executable, "-m", "runner", *overrides, f"hydra.run.dir={run_dir}"],
         cwd=cwd,
+        env={**os.environ, **(env or {})},
         capture_output=True,
         text=True,
         timeout=timeout,

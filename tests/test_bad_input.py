@@ -26,6 +26,8 @@ CASES = {
     "unknown RLlib setting": (["+algo.training.lrr=1"], "takes no 'lrr' (did you mean lr?)"),
     "malformed override": (["stop.iterations=["], "malformed override"),
     "override without value": (["scaling.num_env_runners"], "malformed override"),
+    "keeping no checkpoint": (["checkpoint.keep=0"], "keep at least 1, or null to keep all"),
+    "unknown guard mode": (["guard.non_finite=maybe"], "invalid value for 'guard.non_finite'"),
     "missing resume path": (
         ["resume=does/not/exist"],
         "resume path 'does/not/exist' does not exist",

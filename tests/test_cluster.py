@@ -91,29 +91,6 @@ def test_preflight_checks_the_cluster_not_this_machine(cluster, tmp_path: Path):
     assert f"but the Ray cluster at {cluster.address} has 3" in line
 
 
-def test_parallel_sweep_on_the_cluster(cluster, tmp_path: Path):
-    """Hydra's joblib launcher runs the jobs at once, each a driver on the cluster."""
-    proc = runner(
-        tmp_path,
-        "-m",
-        "hydra/launcher=joblib",
-        "hydra.launcher.n_jobs=2",
-        f"ray.address={cluster.address}",
-        "compile=none,eager",
-        "scaling.num_env_runners=1",
-        *TINY,
-        "hydra.sweep.dir=sweep",
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert "Joblib.Parallel(n_jobs=2" in proc.stdout + proc.stderr
-    summary = (tmp_path / "sweep" / "summary.csv").read_text()
-    assert summary.count(",finished,") == 2
-    for job in ("0", "1"):
-        result = json.loads((tmp_path / "sweep" / job / "summary.json").read_text())
-        assert result["hardware"]["where"] == f"the Ray cluster at {cluster.address}"
-        assert len(result["env_runner_nodes"]) == 1
-
-
 def test_without_ray_address_the_run_gets_its_own_ray(cluster, tmp_path: Path):
     """A cluster running on this machine is not joined unless ray.address says so."""
     proc = runner(tmp_path, "scaling.num_env_runners=1", *TINY, "hydra.run.dir=run")

@@ -64,30 +64,6 @@ def test_remote_env_runner_and_remote_learner_compile(cli, preset):
     assert parts["env_runner/1"]["max_abs_diff"] <= TOLERANCE
 
 
-def test_env_runner_actors_share_one_compile_cache(cli, tmp_path):
-    """One EnvRunner compiles first and fills the cache; the other loads from it."""
-    cache = tmp_path / "inductor_cache"
-    result = cli(
-        *TINY,
-        "stop.iterations=2",
-        "scaling=runners2",
-        "scaling.num_envs_per_env_runner=2",
-        "compile=inductor_default",
-        "compile.learners=false",
-        f"compile.cache_dir={cache}",
-    )
-    assert result.returncode == 0, result.stderr
-    parts = components(result.json("summary.json"))
-    remotes = [parts["env_runner/1"], parts["env_runner/2"]]
-    assert all(r["took_effect"] and r["recompiles"] == 0 for r in remotes), remotes
-    assert all(r["max_abs_diff"] <= TOLERANCE for r in remotes)
-    first, later = sorted(remotes, key=lambda r: r["cache_hits"])
-    assert (first["cache_misses"], first["cache_hits"]) == (1, 0)
-    assert (later["cache_misses"], later["cache_hits"]) == (0, 1)
-    assert parts["env_runner/0"]["calls"] == 0  # sampling happens on the remote EnvRunners
-    assert any(cache.iterdir())
-
-
 def test_onnxrt_on_env_runners_matches_eager_after_weight_syncs(cli):
     result = cli(*TINY, "stop.iterations=3", "compile=onnxrt_default")
     assert result.returncode == 0, result.stderr

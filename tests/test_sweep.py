@@ -161,28 +161,6 @@ def test_speedup_baseline_is_the_compile_none_job_with_equal_overrides():
     assert rows[3]["speedup"] == pytest.approx(80 / 50 - 1)
 
 
-def test_sweep_after_its_dry_run_runs_every_job(tmp_path: Path):
-    assert run_sweep(tmp_path, "compile=none", *JOB, "dry_run=true").returncode == 0
-    assert read_summary(tmp_path / "sweep")[0]["status"] == "dry_run"
-    proc = run_sweep(tmp_path, "compile=none", *JOB)
-    assert proc.returncode == 0, proc.stderr
-    assert read_summary(tmp_path / "sweep")[0]["status"] == "finished"
-    assert not list((tmp_path / "sweep" / "0").glob("attempt-*"))
-
-
-def test_each_job_gets_a_ray_of_its_own(tmp_path: Path):
-    """Jobs share a process under Hydra's launchers; each still starts (and stops) its Ray,
-    so its own ray.* settings apply: the EnvRunners of the two jobs sit on different nodes."""
-    proc = run_sweep(tmp_path, "compile=none,eager", "scaling.num_env_runners=1", *JOB)
-    assert proc.returncode == 0, proc.stderr
-    nodes = [
-        json.loads((tmp_path / "sweep" / job / "summary.json").read_text())["env_runner_nodes"]
-        for job in ("0", "1")
-    ]
-    assert len(nodes[0]) == len(nodes[1]) == 1
-    assert nodes[0] != nodes[1]
-
-
 def test_seeds_are_grouped_with_intervals_and_a_learning_curve(tmp_path: Path):
     """Three seeds of one configuration: one row with the pass rate, IQMs with scipy's
     bootstrap intervals, the median steps to threshold, and the learning-curve plot."""

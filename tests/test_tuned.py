@@ -79,6 +79,8 @@ def test_atari_experiment_is_refused_here_in_one_line(cli):
 
 
 def test_atari_experiment_trains_at_scale_local(cli):
+    """On a remote EnvRunner (scale=local has one): the Atari env reaches it as a class
+    (RLlib refuses a plain function)."""
     result = cli(
         "experiment=tuned_appo_pong",
         "scale=local",

@@ -1,8 +1,9 @@
-"""What a run leaves on disk: JSON and CSV files, metrics.jsonl, TensorBoard events, and
-where its checkpoints go.
+"""What a run leaves on disk: JSON and CSV files, metrics.jsonl and TensorBoard events
+(checkpoints: runner/results/checkpoints.py).
 
-Every file is written as the run goes (metrics flushed each iteration), so a crash or a
-Ctrl-C loses at most the iteration in flight.
+Every file is written as the run goes (metrics each iteration), whole or not at all: JSON
+files through a temporary file and a rename, metrics.jsonl a whole line at a time. A
+crash, a signal or a full disk loses at most the iteration in flight.
 """
 
 from __future__ import annotations
@@ -12,7 +13,10 @@ import enum
 import json
 import math
 import numbers
+import os
 import platform
+from collections.abc import Sequence
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +27,6 @@ from tensorboardX import SummaryWriter
 
 # Files that mark a run dir as holding results: never written into twice.
 RESULT_FILES = ("metrics.jsonl", "summary.json", "checkpoints", "bench.json")
-CHECKPOINT_FILE = "rllib_checkpoint.json"
 
 # The headline figures of one iteration, taken from RLlib's result dict.
 HEADLINE = {
@@ -59,8 +62,19 @@ def json_safe(value: Any) -> Any:
     return repr(value)
 
 
+def write_atomic(path: Path, text: str) -> None:
+    """Write `text` to a temporary file beside `path`, then rename it over `path`: a
+    reader (or a run killed half-way) sees the old file or the new one, never a part."""
+    temporary = path.with_name(f".{path.name}.tmp")
+    with temporary.open("w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(temporary, path)
+
+
 def write_json(path: Path, data: Any) -> None:
-    path.write_text(json.dumps(json_safe(data), indent=2, sort_keys=True) + "\n")
+    write_atomic(path, json.dumps(json_safe(data), indent=2, sort_keys=True) + "\n")
 
 
 def write_csv(path: Path, rows: list[dict[str, Any]], columns: Any = None) -> None:
@@ -107,36 +121,45 @@ def headline(result: dict, wall_seconds: float) -> dict[str, Any]:
 
 
 class MetricsLog:
-    """metrics.jsonl (one line per iteration, flushed) and TensorBoard events, side by side."""
+    """metrics.jsonl (one line per iteration) and TensorBoard events, side by side.
 
-    def __init__(self, run_dir: Path) -> None:
-        self._jsonl = (run_dir / "metrics.jsonl").open("w", buffering=1)
+    Each line goes to the file in one `os.write`; a write cut short (a full disk) is
+    truncated away, so the file only ever holds whole lines."""
+
+    def __init__(self, run_dir: Path, history: Sequence[str] = ()) -> None:
+        self._fd = os.open(run_dir / "metrics.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        for line in history:  # an interrupted sweep job's iterations up to its checkpoint
+            self._append(line)
         self._tb = SummaryWriter(logdir=str(run_dir / "tensorboard"), flush_secs=10)
 
-    def write(self, row: dict[str, Any], result: dict) -> None:
-        metrics = flatten_numbers({k: v for k, v in result.items() if k != "config"})
-        self._jsonl.write(json.dumps({**row, "metrics": metrics}) + "\n")
+    def _append(self, line: str) -> None:
+        data = (line.rstrip("\n") + "\n").encode()
+        size = os.fstat(self._fd).st_size
+        try:
+            written = os.write(self._fd, data)
+        except OSError:
+            os.ftruncate(self._fd, size)
+            raise
+        if written != len(data):
+            os.ftruncate(self._fd, size)
+            raise OSError(f"metrics.jsonl: wrote {written} of {len(data)} bytes (disk full?)")
+
+    def write(self, row: dict[str, Any], metrics: dict[str, float]) -> None:
+        """One iteration: its headline `row` and RLlib's result as `flatten_numbers` gives it."""
+        self._append(json.dumps({**row, "metrics": metrics}))
         for name, value in metrics.items():
             self._tb.add_scalar(name, value, global_step=row["iteration"])
         self._tb.flush()
 
     def close(self) -> None:
-        self._jsonl.close()
+        os.close(self._fd)
         self._tb.close()
 
 
 def versions() -> dict[str, str]:
     return {
+        "runner": metadata.version("rllib-runner"),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "ray": ray.__version__,
     }
-
-
-def checkpoint_dir(run_dir: Path, iteration: int) -> Path:
-    return run_dir / "checkpoints" / f"iter_{iteration:06d}"
-
-
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    found = sorted((run_dir / "checkpoints").glob(f"*/{CHECKPOINT_FILE}"))
-    return found[-1].parent if found else None

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from runner.results.files import RESULT_FILES
+from runner.results.files import RESULT_FILES, write_atomic
 
 JOB_FILE = "job.json"
 ERROR_FILE = "error.txt"
@@ -20,7 +20,7 @@ ERROR_FILE = "error.txt"
 
 def write_job(job_dir: Path, status: str, overrides: list[str], **fields: Any) -> None:
     record = {"status": status, "overrides": overrides, **fields}
-    (job_dir / JOB_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    write_atomic(job_dir / JOB_FILE, json.dumps(record, indent=2, sort_keys=True) + "\n")
 
 
 def read_job(job_dir: Path) -> dict[str, Any] | None:
@@ -28,14 +28,16 @@ def read_job(job_dir: Path) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def finished_before(job_dir: Path, overrides: list[str]) -> bool:
-    """True if this job dir holds a finished run of the same overrides (a sweep re-run).
+def earlier_attempt(job_dir: Path, overrides: list[str]) -> tuple[bool, Path | None]:
+    """(skip, continue from) for a job of a sweep that runs again in the same dir.
 
-    A failed or unfinished earlier attempt is moved into attempt-N/ so the job can run
-    again without losing it; a dry-run record is only a plan, and is dropped."""
+    A finished run of the same overrides is skipped. A failed, interrupted or unfinished
+    earlier attempt is moved into attempt-N/ so the job can run again without losing it;
+    an interrupted one with a checkpoint is continued from there (`continue from` is its
+    attempt dir). A dry-run record is only a plan, and is dropped."""
     job = read_job(job_dir)
     if job and job["status"] == "finished" and job["overrides"] == overrides:
-        return True
+        return True, None
     if job and job["status"] == "dry_run":
         (job_dir / JOB_FILE).unlink()
     kept = (*RESULT_FILES, JOB_FILE, ERROR_FILE, "tensorboard")
@@ -47,4 +49,6 @@ def finished_before(job_dir: Path, overrides: list[str]) -> bool:
             p.rename(attempt / p.name)
         status = job["status"] if job else "unfinished"
         print(f"{job_dir}: the earlier {status} attempt's files are kept in {attempt.name}/")
-    return False
+        if status == "interrupted" and job["overrides"] == overrides:
+            return False, attempt
+    return False, None

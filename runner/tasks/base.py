@@ -7,7 +7,7 @@ settings and to scale the plan, runs the preflight, then hands the task a `TaskR
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,8 @@ class TaskRun:
     provenance: dict[str, Any]
     start_time: float
     checkpoint: Path | None = None
+    # metrics.jsonl lines to start from: an interrupted sweep job's, up to its checkpoint.
+    history: list[str] = field(default_factory=list)
 
 
 def no_warnings(settings: RunnerConfig, spec: CompileSpec | None) -> list[str]:

@@ -1,34 +1,40 @@
 """task=train: build the Algorithm, train until a stop criterion, keep every result.
 
-Each iteration is printed, appended to metrics.jsonl (flushed) and TensorBoard, and
-checkpointed every `checkpoint.every` iterations; the end writes a final checkpoint and
-summary.json. With compile on the EnvRunners, every iteration (after the weight sync)
-replays each compiled module's last input through compiled and eager code:
+Each iteration is printed, appended to metrics.jsonl and TensorBoard, checked for
+non-finite losses and returns (runner/guard.py) and checkpointed every `checkpoint.every`
+iterations (whole or not at all: runner/results/checkpoints.py); the end writes a final
+checkpoint and summary.json. A signal, a stall (runner/shutdown.py), a non-finite value
+or a crash ends the run the same way, with summary.json's `status` saying which and the
+checkpoints that finished kept. With compile on the EnvRunners, every iteration (after the
+weight sync) replays each compiled module's last input through compiled and eager code:
 `compile_max_abs_diff`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import ray
 from ray.rllib.algorithms.algorithm import Algorithm
 
+from runner import guard
 from runner.check import Check
 from runner.compile import report as compile_report
 from runner.compile.settings import CompileSpec, compiled_on_cpu, cuda_graph_warning
 from runner.console import console
-from runner.results.files import (
-    MetricsLog,
-    checkpoint_dir,
-    flatten_numbers,
-    headline,
-    latest_checkpoint,
-    write_json,
-)
-from runner.schema import RunnerConfig, StopConfig, TaskSettings
+from runner.errors import ConfigError, RunnerError, one_line
+from runner.ray_session import kill_local_ray, waiting_for
+from runner.results import checkpoints
+from runner.results.files import MetricsLog, flatten_numbers, headline, write_json
+from runner.schema import NonFinite, RunnerConfig, StopConfig, TaskSettings
+from runner.shutdown import Interrupted, Watch, signal_name
 from runner.tasks.base import Task, TaskRun
 
 
@@ -96,99 +102,331 @@ def env_runner_nodes(algo: Algorithm) -> list[str]:
 
 
 def check(settings: RunnerConfig, spec: CompileSpec | None) -> list[str]:
+    keep, watchdog = settings.checkpoint.keep, settings.watchdog
+    if keep is not None and keep < 1:
+        raise ConfigError(f"checkpoint.keep={keep}: keep at least 1, or null to keep all")
+    if settings.checkpoint.keep_best < 0:
+        raise ConfigError("checkpoint.keep_best must be 0 or more")
+    if settings.shutdown.grace_seconds < 0:
+        raise ConfigError("shutdown.grace_seconds must be 0 or more")
+    if watchdog.seconds is not None and watchdog.seconds <= 0:
+        raise ConfigError("watchdog.seconds must be more than 0 (or null for the default bound)")
     warning = cuda_graph_warning(spec, compiled_on_cpu(spec, settings.scaling))
     return [warning] if warning else []
 
 
-def train(run: TaskRun) -> dict[str, Any]:
-    """Train until a stop criterion holds (or Ctrl-C); return the run's figures."""
-    settings, run_dir = run.settings, run.run_dir
-    verify = run.spec is not None and run.spec.env_runners
-    algo = run.config.build_algo()
-    if run.checkpoint is not None:
-        algo.restore_from_path(str(run.checkpoint.resolve()))
-        console.print(f"resumed from {run.checkpoint} at iteration {algo.iteration}")
-    metrics = MetricsLog(run_dir)
-    check = Check(settings.check)
-    train_start = time.perf_counter()
-    best = None
-    rows: list[dict[str, Any]] = []
-    reason = ""
-    try:
-        while True:
-            result = algo.train()
-            row = headline(result, time.perf_counter() - run.start_time)
-            carry_last_return(row, rows[-1] if rows else None)
-            if verify:
-                row["compile_max_abs_diff"] = compile_report.max_diff(
-                    compile_report.env_runner_reports(algo, True)
+@dataclass
+class Progress:
+    """A training run as it goes: its rows, its outcome, and what it kept."""
+
+    check: Check
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    best: float | None = None
+    # finished | interrupted | aborted | stalled | non_finite | failed
+    status: str = "finished"
+    reason: str = ""
+    signum: int | None = None
+    error: Exception | None = None
+    restarts: dict[str, list[dict[str, int]]] = field(default_factory=dict)
+    non_finite: dict[str, float] = field(default_factory=dict)
+    restart_counts: dict[str, int] = field(default_factory=dict)
+
+    def end(self, status: str, reason: str) -> None:
+        self.status, self.reason = status, reason
+
+    @property
+    def iteration(self) -> int | None:
+        return self.rows[-1]["iteration"] if self.rows else None
+
+
+# Where RLlib's result holds each restarting component's lifetime restart count and
+# its healthy actors now.
+RESTART_COUNTERS = {
+    "env_runners": "fault_tolerance",
+    "evaluation_env_runners": "evaluation",
+}
+
+
+def record_restarts(progress: Progress, result: dict, iteration: int) -> None:
+    """RLlib recreates a dead EnvRunner within a few iterations (and the compile
+    callback compiles the new one): note per component when actors were lost and when
+    they came back."""
+    for component, section in RESTART_COUNTERS.items():
+        stats = result.get(section) or {}
+        if "num_healthy_workers" not in stats:
+            continue
+        healthy = int(stats["num_healthy_workers"])
+        count = int(stats.get("num_remote_worker_restarts") or 0)
+        events = {
+            "lost": progress.restart_counts.get(f"{component}/healthy", healthy) - healthy,
+            "restarted": count - progress.restart_counts.get(component, 0),
+        }
+        progress.restart_counts.update({component: count, f"{component}/healthy": healthy})
+        for event, n in events.items():
+            if n > 0:
+                progress.restarts.setdefault(component, []).append(
+                    {"iteration": iteration, event: n}
                 )
-            rows.append(row)
-            metrics.write(row, result)
-            print_row(row)
-            ret = row["episode_return_mean"]
-            if ret is not None and (best is None or ret > best):
-                best = ret
-            every = settings.checkpoint.every
-            if every and algo.iteration % every == 0:
-                algo.save_to_path(str(checkpoint_dir(run_dir, algo.iteration).resolve()))
-            seconds = time.perf_counter() - train_start
-            reason = (
-                check.update(flatten_numbers(result), row["env_steps"] or 0, seconds)
-                or stop_reason(settings.stop, row, seconds)
-                or ""
-            )
-            if reason:
-                break
-    except KeyboardInterrupt:
-        reason = "interrupted (Ctrl-C)"
-    finally:
-        metrics.close()
-        reports = compile_report.collect(algo, verify=verify) if rows else []
-        nodes = env_runner_nodes(algo)
-        final = checkpoint_dir(run_dir, algo.iteration)
-        if rows and settings.checkpoint.at_end and not final.exists():
-            algo.save_to_path(str(final.resolve()))
-        algo.stop()
+                console.print(
+                    f"iteration {iteration}: {n} of the {component.replace('_', ' ')} {event}"
+                    + (" (RLlib's fault tolerance recreates it)" if event == "lost" else "")
+                )
+
+
+def save_checkpoint(algo: Algorithm, run: TaskRun, progress: Progress) -> Path:
+    """A checkpoint with its manifest, then the older ones beyond checkpoint.keep pruned."""
+    row = progress.rows[-1]
+    path = checkpoints.save(
+        algo,
+        run.run_dir,
+        {
+            "iteration": algo.iteration,
+            "env_steps": row["env_steps"],
+            "episode_return_mean": row["last_episode_return_mean"],
+        },
+    )
+    checkpoints.prune(run.run_dir, run.settings.checkpoint.keep, run.settings.checkpoint.keep_best)
+    return path
+
+
+def after_iteration(
+    algo: Algorithm,
+    run: TaskRun,
+    progress: Progress,
+    result: dict,
+    metrics: MetricsLog,
+    seconds: float,
+) -> str:
+    """Record one finished iteration; the stop reason, or '' to go on."""
+    settings = run.settings
+    row = headline(result, time.perf_counter() - run.start_time)
+    carry_last_return(row, progress.rows[-1] if progress.rows else None)
+    if run.spec is not None and run.spec.env_runners:
+        row["compile_max_abs_diff"] = compile_report.max_diff(
+            compile_report.env_runner_reports(algo, True)
+        )
+    flat = flatten_numbers({k: v for k, v in result.items() if k != "config"})
+    progress.rows.append(row)
+    metrics.write(row, flat)
+    print_row(row)
+    record_restarts(progress, result, row["iteration"])
+    found = guard.non_finite(result) if settings.guard.non_finite != NonFinite.off else {}
+    if found:
+        text = guard.describe(found, row["iteration"])
+        if settings.guard.non_finite == NonFinite.stop:
+            progress.non_finite = found
+            progress.end("non_finite", text)
+            return text  # before any checkpoint: the broken weights are never saved
+        console.print(f"warning: {text} (guard.non_finite=warn: going on)")
+    ret = row["episode_return_mean"]
+    if ret is not None and (progress.best is None or ret > progress.best):
+        progress.best = ret
+    every = settings.checkpoint.every
+    if every and algo.iteration % every == 0:
+        save_checkpoint(algo, run, progress)
+    return (
+        progress.check.update(flat, row["env_steps"] or 0, seconds)
+        or stop_reason(settings.stop, row, seconds)
+        or ""
+    )
+
+
+def _abort(run: TaskRun, progress: Progress) -> Callable[[int], None]:
+    """The second signal: summary.json as it stands, Ray's processes killed, exit now."""
+
+    def abort(signum: int) -> None:
+        newest = checkpoints.latest(run.run_dir)
+        write_json(
+            run.run_dir / "summary.json",
+            {
+                "status": "aborted",
+                "stop_reason": f"aborted by a second {signal_name(signum)}",
+                "signal": signal_name(signum),
+                "iterations": progress.iteration,
+                "checkpoint": str(newest or ""),
+                **run.provenance,
+            },
+        )
+        kill_local_ray()
+        os._exit(128 + signum)
+
+    return abort
+
+
+def _interrupted(progress: Progress, watch: Watch, run_dir: Path) -> None:
+    """A KeyboardInterrupt is the watch breaking in: a stall, or an iteration that
+    outlived the grace after a signal."""
+    if watch.cause == "stalled":
+        progress.end(
+            "stalled",
+            f"stalled: no iteration finished within {watch.stall_seconds:g} s "
+            f"(watchdog.seconds); {waiting_for()}",
+        )
+    elif watch.cause == "abandoned":
+        progress.signum = watch.signum
+        newest = checkpoints.latest(run_dir)
+        progress.end(
+            "interrupted",
+            f"interrupted by {signal_name(watch.signum)}: the iteration in flight was "
+            f"abandoned after {watch.grace_seconds:g} s (shutdown.grace_seconds); "
+            f"newest checkpoint: {newest or 'none'}",
+        )
+    else:  # a KeyboardInterrupt raised by something else: treat it as Ctrl-C
+        progress.signum = signal.SIGINT
+        progress.end("interrupted", "interrupted by SIGINT")
+
+
+def _finish(algo: Algorithm | None, run: TaskRun, progress: Progress) -> list[dict[str, Any]]:
+    """Compile reports, the final checkpoint and the Algorithm's stop, as far as the way
+    the run ended allows: a stalled or crashed Algorithm is left to Ray's shutdown, and
+    nothing from a non-finite or abandoned iteration is saved."""
+    if algo is None or progress.status == "stalled":
+        return []
+    if progress.status == "failed":
+        # Stop what is left now: RLlib's LearnerGroup would otherwise try again from its
+        # __del__ at exit, after Ray's shutdown, and start a new Ray to do it.
+        with contextlib.suppress(Exception):
+            algo.stop()
+        algo.learner_group._is_shut_down = True
+        return []
+    clean = progress.status == "finished" or (
+        progress.status == "interrupted" and "abandoned" not in progress.reason
+    )
+    reports = []
+    if clean and progress.rows:
+        reports = compile_report.collect(algo, verify=run.spec is not None and run.spec.env_runners)
+        final = checkpoints.checkpoint_dir(run.run_dir, algo.iteration)
+        wanted = run.settings.checkpoint.at_end or progress.status == "interrupted"
+        if wanted and not final.exists():
+            save_checkpoint(algo, run, progress)
+    algo.stop()
+    return reports
+
+
+def train(run: TaskRun) -> dict[str, Any]:
+    """Train until a stop criterion holds, a signal, a stall, a non-finite value or a
+    crash; return the run's figures."""
+    settings, run_dir = run.settings, run.run_dir
+    progress = Progress(check=Check(settings.check))
+    metrics = MetricsLog(run_dir, run.history)
+    algo: Algorithm | None = None
+    train_start = time.perf_counter()
+    nodes: list[str] = []
+    reports: list[dict[str, Any]] = []
+    watch = Watch(settings.shutdown.grace_seconds, settings.watchdog, _abort(run, progress))
+    with watch:
+        try:
+            with watch.build():
+                algo = run.config.build_algo()
+                if run.checkpoint is not None:
+                    algo.restore_from_path(str(run.checkpoint.resolve()))
+                    console.print(f"resumed from {run.checkpoint} at iteration {algo.iteration}")
+            nodes = env_runner_nodes(algo)
+            train_start = time.perf_counter()
+            while not progress.reason:
+                if watch.signum is not None:
+                    progress.signum = watch.signum
+                    progress.end("interrupted", f"interrupted by {signal_name(watch.signum)}")
+                    break
+                with watch.iteration():
+                    result = algo.train()
+                seconds = time.perf_counter() - train_start
+                progress.reason = after_iteration(algo, run, progress, result, metrics, seconds)
+        except KeyboardInterrupt:
+            _interrupted(progress, watch, run_dir)
+        except Exception as ex:  # a crash: the summary says so, the traceback goes on up
+            progress.error = ex
+            progress.end("failed", one_line(ex))
+        finally:
+            metrics.close()
+        try:
+            reports = _finish(algo, run, progress)
+        except Exception as ex:  # e.g. a full disk while writing the final checkpoint
+            progress.error = progress.error or ex
+            progress.end("failed", one_line(ex))
     train_seconds = time.perf_counter() - train_start
+    rows = progress.rows
     steps_this_run = sum(r["env_steps_this_iter"] or 0 for r in rows)
     last = rows[-1] if rows else {}
     return {
-        "stop_reason": reason,
+        "status": progress.status,
+        "stop_reason": progress.reason,
+        "signal": signal_name(progress.signum) if progress.signum else None,
         "iterations": last.get("iteration"),
         "iterations_this_run": len(rows),
         "env_steps": last.get("env_steps"),
         "final_episode_return_mean": last.get("last_episode_return_mean"),
         "final_module_episode_returns_mean": last.get("module_episode_returns_mean"),
-        "best_episode_return_mean": best,
+        "best_episode_return_mean": progress.best,
         "wall_seconds": time.perf_counter() - run.start_time,
         "train_seconds": train_seconds,
         "env_steps_per_s": steps_this_run / train_seconds if train_seconds else None,
         "first_iteration_seconds": rows[0]["wall_seconds"] if rows else None,
         "resumed_from": str(run.checkpoint) if run.checkpoint else None,
-        "checkpoint": str(latest_checkpoint(run_dir) or ""),
+        "checkpoint": str(checkpoints.latest(run_dir) or ""),
+        "checkpoints": [str(p) for p in checkpoints.complete(run_dir)],
+        "restarts": progress.restarts,
+        "non_finite": progress.non_finite,
         "compile_reports": reports,
         "env_runner_nodes": nodes,
-        "check": check,
+        "progress": progress,
     }
 
 
+class RunEnded(RunnerError):
+    """The run stopped on a stall or a non-finite value: exit code 1 (its summary says why)."""
+
+    exit_code = 1
+
+
 def run(run: TaskRun) -> None:
-    """Train, then summary.json with the compile section and where it ran."""
+    """Train, then summary.json with the compile section and where it ran; then the exit
+    the outcome calls for (a signal's 128 + n, 1 for a stall, a non-finite value or a
+    missed check, the crash itself)."""
     figures = train(run)
+    progress: Progress = figures.pop("progress")
     compile_section, compile_line = compile_report.summarize(
         run.spec, figures.pop("compile_reports")
     )
-    console.print(compile_line)
-    check = figures.pop("check")
-    summary = {**figures, "check": check.to_dict(), "compile": compile_section, **run.provenance}
+    if figures["iterations"] is not None:
+        console.print(compile_line)
+    summary = {
+        **figures,
+        "check": progress.check.to_dict(),
+        "compile": compile_section,
+        **run.provenance,
+    }
     write_json(run.run_dir / "summary.json", summary)
     console.print(
-        f"done ({summary['stop_reason'] or 'no stop criterion'}): "
-        f"{summary['iterations']} iterations, {summary['env_steps'] or 0:,.0f} env steps, "
+        f"{'done' if progress.status == 'finished' else 'stopped'} "
+        f"({summary['stop_reason'] or 'no stop criterion'}): "
+        f"{summary['iterations'] or 0} iterations, {summary['env_steps'] or 0:,.0f} env steps, "
         f"{summary['wall_seconds']:.1f} s; results in {run.run_dir}"
     )
-    check.raise_if_failed()
+    if progress.error is not None:
+        raise progress.error
+    if progress.signum is not None:
+        newest = summary["checkpoint"]
+        raise Interrupted(
+            progress.signum,
+            f"{progress.reason}; "
+            + (
+                f"checkpoint {newest}; continue with resume={run.run_dir}"
+                if newest
+                else "no checkpoint was written"
+            ),
+        )
+    if progress.status in ("stalled", "non_finite"):
+        newest = summary["checkpoint"]
+        raise RunEnded(
+            progress.reason
+            + (
+                f"; the last good checkpoint is {newest}"
+                if progress.status == "non_finite" and newest
+                else ""
+            )
+        )
+    progress.check.raise_if_failed()
 
 
 TASK = Task(name="train", settings=TrainSettings, run=run, check=check)

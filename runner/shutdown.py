@@ -1,0 +1,169 @@
+"""What stops a run from outside its loop: signals, the grace after one, and the stall
+watchdog.
+
+SIGTERM, SIGINT and SIGHUP (a preemption, Ctrl-C, a closed terminal) ask the run to stop:
+the iteration in flight may finish for `shutdown.grace_seconds`, then it is abandoned; a
+second signal aborts at once. The watchdog stops a run in which no iteration finishes
+within its bound. Both break into the main thread the one way Ray lets them: Ray's
+blocking calls check for signals and give up only on KeyboardInterrupt, so the watch
+raises one and keeps why (`Watch.cause`).
+"""
+
+from __future__ import annotations
+
+import signal
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from runner.schema import WatchdogConfig
+
+HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def signal_name(signum: int) -> str:
+    return signal.Signals(signum).name
+
+
+class Interrupted(BaseException):
+    """A signal stopped the process: exit code 128 + its number (130 for Ctrl-C)."""
+
+    def __init__(self, signum: int, message: str = "") -> None:
+        self.signum = signum
+        self.exit_code = 128 + signum
+        super().__init__(message or f"interrupted by {signal_name(signum)}")
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise Interrupted(signum)
+
+
+def in_main_thread() -> bool:
+    """Signal handlers can only be set there (a launcher may run jobs in other threads)."""
+    return threading.current_thread() is threading.main_thread()
+
+
+def install_default() -> None:
+    """Outside training, a signal stops the process at once with its exit code (Ray's
+    own SIGTERM handler, set by ray.init, would dump a C++ stack and exit 15)."""
+    if in_main_thread():
+        for s in HANDLED:
+            signal.signal(s, _interrupt)
+
+
+def stall_bound(config: WatchdogConfig, durations: list[float]) -> float | None:
+    """Seconds the next iteration may take before the run counts as stalled."""
+    if not config.enabled:
+        return None
+    if config.seconds is not None:
+        return config.seconds
+    if not durations:
+        return config.first_iteration_seconds
+    return max(config.min_seconds, config.median_multiple * statistics.median(durations))
+
+
+class Watch:
+    """One training run's watch over signals, the grace and stalls (a context manager).
+
+    The loop runs each iteration (the first with the Algorithm's build) inside
+    `iteration()`, and asks `signum` after it; `on_abort(signum)` runs on a second
+    signal, before the process exits at once."""
+
+    def __init__(
+        self,
+        grace_seconds: float,
+        watchdog: WatchdogConfig,
+        on_abort: Callable[[int], None],
+    ) -> None:
+        self.grace_seconds = grace_seconds
+        self.watchdog = watchdog
+        self.on_abort = on_abort
+        self.signum: int | None = None
+        self.cause: str | None = None  # "abandoned" or "stalled", when the watch broke in
+        self.stall_seconds: float | None = None
+        self.durations: list[float] = []
+        self._signal_at = 0.0
+        self._deadline: float | None = None
+        self._in_flight = False
+        self._done = threading.Event()
+        self._main = threading.get_ident()
+
+    def __enter__(self) -> Watch:
+        if not in_main_thread():
+            return self  # no handlers to set: the run goes unwatched
+        for s in HANDLED:
+            signal.signal(s, self._on_signal)
+        signal.signal(signal.SIGALRM, self._on_alarm)
+        threading.Thread(target=self._monitor, name="runner-watch", daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._in_flight = False
+        if in_main_thread():
+            signal.signal(signal.SIGALRM, signal.SIG_DFL)
+            install_default()
+
+    @contextmanager
+    def iteration(self) -> Iterator[None]:
+        """One iteration in flight: the grace and the stall bound apply while it runs."""
+        start = time.monotonic()
+        bound = stall_bound(self.watchdog, self.durations)
+        self.stall_seconds = bound
+        if self._deadline is None and bound is not None:
+            self._deadline = start + bound
+        self._in_flight = True
+        try:
+            yield
+        finally:
+            self._in_flight = False
+            self._deadline = None
+        self.durations.append(time.monotonic() - start)
+
+    @contextmanager
+    def build(self) -> Iterator[None]:
+        """The Algorithm's build: in flight like an iteration, under the first one's bound,
+        which keeps running into the first iteration."""
+        bound = stall_bound(self.watchdog, [])
+        self.stall_seconds = bound
+        self._deadline = None if bound is None else time.monotonic() + bound
+        self._in_flight = True
+        try:
+            yield
+        finally:
+            self._in_flight = False
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if self.signum is not None:
+            print(f"{signal_name(signum)} again: aborting now", file=sys.stderr, flush=True)
+            self.on_abort(signum)
+            return
+        self.signum, self._signal_at = signum, time.monotonic()
+        print(
+            f"{signal_name(signum)}: stopping after the iteration in flight (at most "
+            f"{self.grace_seconds:g} s), then a checkpoint; send it again to abort now",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def _on_alarm(self, signum: int, frame: Any) -> None:
+        if self.cause is not None and self._in_flight:
+            raise KeyboardInterrupt(self.cause)
+
+    def _monitor(self) -> None:
+        while not self._done.wait(0.2):
+            if not self._in_flight or self.cause is not None:
+                continue
+            now = time.monotonic()
+            if self.signum is not None and now - self._signal_at > self.grace_seconds:
+                self._break_in("abandoned")
+            elif self._deadline is not None and now > self._deadline:
+                self._break_in("stalled")
+
+    def _break_in(self, cause: str) -> None:
+        self.cause = cause
+        signal.pthread_kill(self._main, signal.SIGALRM)

@@ -1,0 +1,31 @@
+"""A CartPole for fault tests: a NaN reward at a chosen step, or a slow step.
+
+Runs import it as `env.entry_point=faulty_env:FaultyCartPole` with this dir on
+PYTHONPATH (Ray's workers inherit the driver's environment)."""
+
+from __future__ import annotations
+
+import time
+
+import gymnasium as gym
+
+
+class FaultyCartPole(gym.Wrapper):
+    """`nan_at_step`: from that step on (counted over this env copy's life) rewards are NaN;
+    `step_seconds`: every step sleeps this long."""
+
+    def __init__(self, config: dict | None = None) -> None:
+        config = dict(config or {})
+        super().__init__(gym.make("CartPole-v1"))
+        self.nan_at_step = config.get("nan_at_step")
+        self.step_seconds = float(config.get("step_seconds", 0.0))
+        self.steps = 0
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.steps += 1
+        if self.step_seconds:
+            time.sleep(self.step_seconds)
+        if self.nan_at_step is not None and self.steps >= self.nan_at_step:
+            reward = float("nan")
+        return obs, reward, terminated, truncated, info

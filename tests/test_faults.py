@@ -1,0 +1,564 @@
+"""Faults, for real: signals to the CLI as a subprocess (sent from Python: a shell's
+background job ignores SIGINT), SIGKILL to a real EnvRunner and Learner actor, a NaN
+reward, a stall, truncated and bit-flipped checkpoints, and a sweep interrupted in its
+second job and run again. Each asserts the exit code, what is on disk, and that what was
+kept resumes."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from conftest import TINY, run_cli
+
+from runner import guard
+from runner.ray_session import descendants
+from runner.results import checkpoints
+from runner.schema import WatchdogConfig
+from runner.shutdown import stall_bound
+
+TESTS = Path(__file__).resolve().parent
+FAULTY_ENV = ("env.id=null", "env.entry_point=faulty_env:FaultyCartPole")
+
+
+class Cli:
+    """`python -m runner` as a subprocess, its output read line by line as it comes."""
+
+    def __init__(self, cwd: Path, *args: str) -> None:
+        env = {**os.environ, "PYTHONPATH": str(TESTS)}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "runner", *args],
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.lines: list[str] = []
+        self.processes: list[int] = []  # everything it started, when `until` matched
+        self.sent_at = 0.0
+
+    def until(self, text: str, then: Callable[[], None]) -> None:
+        """Read until a line holds `text`, then note the process tree and call `then`."""
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            if text in line:
+                self.processes = descendants(self.proc.pid)
+                self.sent_at = time.monotonic()
+                then()
+                return
+        raise AssertionError(f"'{text}' never came:\n{self.output}")
+
+    def signal(self, signum: int, times: int = 1) -> None:
+        for _ in range(times):
+            self.proc.send_signal(signum)
+            time.sleep(0.5)
+
+    def wait(self) -> tuple[int, float]:
+        """Exit code, and seconds from the fault to the exit."""
+        self.lines += self.proc.stdout.readlines()
+        code = self.proc.wait(timeout=120)
+        return code, time.monotonic() - self.sent_at
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def left_behind(self) -> list[int]:
+        """Processes it started that still run a few seconds after it exited."""
+        deadline = time.monotonic() + 10
+        while True:
+            alive = [p for p in self.processes if _alive(p)]
+            if not alive or time.monotonic() > deadline:
+                return alive
+            time.sleep(0.5)
+
+
+def record(fault: str, code: int, seconds: float, kept: str, since: str = "the fault") -> None:
+    """benchmarks/faults.py sets FAULT_REPORT: each fault's measured outcome goes there
+    (`seconds` to the exit, counted from `since`)."""
+    if os.environ.get("FAULT_REPORT"):
+        row = {"fault": fault, "exit": code, "seconds": seconds, "since": since, "kept": kept}
+        with open(os.environ["FAULT_REPORT"], "a") as f:
+            f.write(json.dumps(row))
+            f.write("\n")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def _actor_pid(root: int, name: str) -> int:
+    for pid in descendants(root):
+        try:
+            if name in Path(f"/proc/{pid}/cmdline").read_text():
+                return pid
+        except OSError:
+            continue
+    raise AssertionError(f"no {name} process under {root}")
+
+
+def test_sigterm_keeps_the_last_iteration_and_resume_continues(tmp_path: Path):
+    """Kubernetes' preemption: SIGTERM mid-run, with a remote EnvRunner."""
+    cli = Cli(
+        tmp_path,
+        *TINY,
+        "scaling.num_env_runners=1",
+        "stop.iterations=50",
+        "checkpoint.every=1",
+        "hydra.run.dir=first",
+    )
+    cli.until("iter    2", lambda: cli.signal(signal.SIGTERM))
+    code, seconds = cli.wait()
+    run = tmp_path / "first"
+    assert code == 143, cli.output
+    assert seconds < 30
+    assert "SIGTERM received" not in cli.output  # Ray's C++ handler's stack dump
+    assert cli.left_behind() == []
+    summary = _summary(run)
+    assert summary["status"] == "interrupted" and summary["signal"] == "SIGTERM"
+    last = summary["iterations"]
+    assert last >= 2
+    rows = _jsonl(run / "metrics.jsonl")
+    assert [r["iteration"] for r in rows] == list(range(1, last + 1))
+    newest = checkpoints.checkpoint_dir(run, last)
+    assert summary["checkpoint"] == str(newest)
+    assert checkpoints.problem(newest) is None
+    manifest = checkpoints.manifest(newest)
+    assert manifest["iteration"] == last and manifest["env_steps"] == rows[-1]["env_steps"]
+    assert set(manifest["versions"]) == {"runner", "python", "torch", "ray"}
+    assert not list((run / "checkpoints").glob(".*"))  # no temporary dir left
+    plan = json.loads((run / "plan.json").read_text())
+    assert [g["role"] for g in plan["groups"]] == ["main", "env_runner"]
+    assert f"resume={run}" in cli.output.splitlines()[-1]
+    kept = f"{last} iterations in metrics.jsonl, checkpoint iter_{last}, no Ray process left"
+    record("SIGTERM (one remote EnvRunner)", code, seconds, kept)
+
+    # The same run dir is never written into twice.
+    again = run_cli(tmp_path, *TINY, run_dir="first", timeout=60)
+    assert again.returncode == 2 and "already holds a run's results" in again.stderr
+
+    # Resume: the original overrides come back, counting carries on, every file is there.
+    resumed = run_cli(tmp_path, f"resume={run}", f"stop.iterations={last + 1}", run_dir="second")
+    assert resumed.returncode == 0, resumed.stderr
+    more = resumed.jsonl("metrics.jsonl")
+    assert [r["iteration"] for r in more] == [last + 1]
+    assert more[0]["env_steps"] > rows[-1]["env_steps"]
+    assert "learners/default_policy/policy_loss" in more[0]["metrics"]
+    assert resumed.json("algorithm_config.json")["_train_batch_size_per_learner"] == 400
+    for name in (".hydra/config.yaml", "plan.json", "composed_overrides.yaml"):
+        assert (resumed.run_dir / name).is_file(), name
+    assert list((resumed.run_dir / "tensorboard").glob("events.out.tfevents.*"))
+    done = resumed.json("summary.json")
+    assert done["status"] == "finished" and done["stop_reason"].startswith("iterations")
+    assert done["resumed_from"] == str(newest) and done["signal"] is None
+    assert done["env_steps"] == more[0]["env_steps"] and done["env_steps_per_s"] > 0
+    assert done["compile"]["requested"] is False and done["hardware"]["cpus"] >= 1
+    assert f"iter    {last + 1}" in resumed.stdout
+
+    # A checkpoint whose file was truncated, then one with a flipped bit: refused with
+    # one line naming the file and the newest older checkpoint that verifies.
+    victim = max(
+        (p for p in newest.rglob("*") if p.is_file() and p.name != "manifest.json"),
+        key=lambda p: p.stat().st_size,
+    )
+    data = victim.read_bytes()
+    victim.write_bytes(data[: len(data) // 2])
+    refused = run_cli(tmp_path, f"resume={run}", run_dir="third", timeout=60)
+    assert refused.returncode == 2
+    line = refused.stderr.strip()
+    assert "\n" not in line and str(victim) in line and "truncated or overwritten" in line
+    assert line.endswith(f"use resume={checkpoints.checkpoint_dir(run, last - 1)}")
+    assert refused.seconds < 20
+    victim.write_bytes(data[:100] + bytes([data[100] ^ 1]) + data[101:])  # the same size
+    assert str(victim) in checkpoints.problem(newest)
+    record(
+        "resume of a truncated checkpoint (a bit-flipped one fails its sha256 the same way)",
+        2,
+        refused.seconds,
+        "refused in one line naming the file and the newest good checkpoint",
+    )
+
+
+def test_second_signal_aborts_at_once_and_leaves_whole_files(tmp_path: Path):
+    cli = Cli(
+        tmp_path, *TINY, "scaling.num_env_runners=1", "stop.iterations=50", "hydra.run.dir=run"
+    )
+    cli.until("iter    2", lambda: cli.signal(signal.SIGHUP, times=2))
+    code, seconds = cli.wait()
+    assert code == 128 + signal.SIGHUP, cli.output
+    assert seconds < 10
+    assert "SIGHUP again: aborting now" in cli.output
+    assert cli.left_behind() == []
+    summary = _summary(tmp_path / "run")
+    assert summary["status"] == "aborted" and summary["signal"] == "SIGHUP"
+    rows = _jsonl(tmp_path / "run" / "metrics.jsonl")  # every line whole
+    assert rows[-1]["iteration"] == summary["iterations"] >= 2
+    kept = f"{len(rows)} whole lines in metrics.jsonl, summary.json 'aborted', no Ray process left"
+    record("SIGHUP twice", code, seconds, kept)
+
+
+def test_iteration_that_outlives_the_grace_is_abandoned(tmp_path: Path):
+    """A slow env: each iteration takes seconds; SIGINT with a 0.5 s grace abandons the
+    iteration in flight, and the checkpoint of the last finished one stays the newest."""
+    cli = Cli(
+        tmp_path,
+        *TINY,
+        *FAULTY_ENV,
+        "+env.env_config.step_seconds=0.015",
+        "algo.training.train_batch_size_per_learner=200",
+        "stop.iterations=50",
+        "checkpoint.every=1",
+        "shutdown.grace_seconds=0.5",
+        "hydra.run.dir=run",
+    )
+    # Iteration 1's checkpoint first, then iteration 2 (3 s of steps) is in flight.
+    cli.until("iter    1", lambda: (time.sleep(1), cli.signal(signal.SIGINT)))
+    code, seconds = cli.wait()
+    assert code == 130, cli.output
+    assert seconds < 12
+    run = tmp_path / "run"
+    summary = _summary(run)
+    assert summary["status"] == "interrupted" and summary["iterations"] == 1
+    assert "abandoned after 0.5 s" in summary["stop_reason"]
+    assert [p.name for p in checkpoints.complete(run)] == ["iter_000001"]
+    assert len(_jsonl(run / "metrics.jsonl")) == 1
+    record(
+        "SIGINT, iteration longer than a 0.5 s grace",
+        code,
+        seconds,
+        "iteration 1 and its checkpoint; iteration 2 abandoned",
+    )
+
+
+def test_killed_env_runner_is_recreated_and_recompiled_from_the_shared_cache(tmp_path: Path):
+    """SIGKILL to one of two remote EnvRunners compiling with inductor into one cache:
+    RLlib recreates it, the compile callback compiles the new one, which loads the graph
+    the first ones wrote (a cache hit, no compile of its own); summary.json records the
+    loss and the restart; only the newest and the best checkpoints are kept."""
+    cache = tmp_path / "inductor_cache"
+    cli = Cli(
+        tmp_path,
+        *TINY,
+        "scaling=runners2",
+        "scaling.num_envs_per_env_runner=2",
+        "compile=inductor_default",
+        "compile.learners=false",
+        f"compile.cache_dir={cache}",
+        "stop.iterations=9",
+        "checkpoint.every=1",
+        "checkpoint.keep=2",
+        "checkpoint.keep_best=1",
+        "hydra.run.dir=run",
+    )
+    cli.until(
+        "iter    2",
+        lambda: os.kill(_actor_pid(cli.proc.pid, "ray::SingleAgentEnvRunner"), signal.SIGKILL),
+    )
+    code, seconds = cli.wait()
+    assert code == 0, cli.output
+    run = tmp_path / "run"
+    summary = _summary(run)
+    assert summary["status"] == "finished" and summary["iterations"] == 9
+    lost, restarted = summary["restarts"]["env_runners"]  # RLlib took 2 iterations here
+    assert lost["lost"] == 1 and lost["iteration"] >= 3
+    assert restarted["restarted"] == 1 and restarted["iteration"] > lost["iteration"]
+    parts = {c["component"]: c for c in summary["compile"]["components"]}
+    assert parts["env_runner/0"]["calls"] == 0  # sampling happens on the remote EnvRunners
+    runners = [parts["env_runner/1"], parts["env_runner/2"]]
+    new = [c for c in runners if c["pid"] not in cli.processes]
+    assert len(new) == 1, runners
+    for c in runners:
+        assert c["took_effect"] and c["calls"] > 0 and c["recompiles"] == 0, c
+        assert c["max_abs_diff"] <= 1e-5
+        assert (c["cache_misses"], c["cache_hits"]) in ((1, 0), (0, 1))
+    assert (new[0]["cache_misses"], new[0]["cache_hits"]) == (0, 1)
+    assert any(cache.iterdir())
+    kept = checkpoints.complete(run)
+    returns = [r["last_episode_return_mean"] for r in _jsonl(run / "metrics.jsonl")]
+    best = 1 + returns.index(max(returns))
+    assert {p.name for p in kept} == {f"iter_{i:06d}" for i in {8, 9, best}}
+    record(
+        "SIGKILL to 1 of 2 remote EnvRunners (compile=inductor_default)",
+        code,
+        seconds,
+        f"run finished; lost at iteration {lost['iteration']}, recreated and compiled "
+        f"(from the shared cache) by iteration {restarted['iteration']}",
+    )
+
+
+def test_killed_learner_fails_the_run_and_keeps_the_checkpoints(tmp_path: Path):
+    cli = Cli(
+        tmp_path,
+        *TINY,
+        "scaling.num_learners=1",
+        "stop.iterations=50",
+        "checkpoint.every=1",
+        "hydra.run.dir=run",
+    )
+    cli.until(
+        "iter    2",
+        lambda: os.kill(_actor_pid(cli.proc.pid, "ray::_WrappedExecutable"), signal.SIGKILL),
+    )
+    code, seconds = cli.wait()
+    assert code == 2, cli.output
+    assert seconds < 30
+    error = cli.output.strip().splitlines()[-1]
+    assert error.startswith("error: a Ray actor died: _WrappedExecutable"), error
+    run = tmp_path / "run"
+    summary = _summary(run)
+    assert summary["status"] == "failed" and summary["stop_reason"] in error
+    assert checkpoints.complete(run) and checkpoints.problem(checkpoints.latest(run)) is None
+    assert cli.left_behind() == []
+    newest = checkpoints.latest(run).name
+    record(
+        "SIGKILL to the remote Learner",
+        code,
+        seconds,
+        f"summary.json 'failed' with the reason, checkpoint {newest}, no Ray process left",
+    )
+
+
+def test_nan_reward_stops_the_run_and_keeps_the_last_finite_checkpoint(tmp_path: Path):
+    result = run_cli(
+        tmp_path,
+        *TINY,
+        *FAULTY_ENV,
+        "+env.env_config.nan_at_step=250",
+        "stop.iterations=10",
+        "checkpoint.every=1",
+        "scaling.num_env_runners=0",
+        env={"PYTHONPATH": str(TESTS)},
+    )
+    assert result.returncode == 1, result.stderr
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: non-finite ") and "at iteration 2" in line
+    assert line.endswith(f"the last good checkpoint is {result.run_dir}/checkpoints/iter_000001")
+    summary = result.json("summary.json")
+    assert summary["status"] == "non_finite" and summary["iterations"] == 2
+    assert summary["non_finite"]
+    assert [p.name for p in checkpoints.complete(result.run_dir)] == ["iter_000001"]
+    record(
+        "NaN reward from step 250 of each env copy",
+        result.returncode,
+        result.seconds,
+        "stopped at iteration 2, naming the loss; checkpoint iter_000001 only",
+    )
+
+
+def test_stall_stops_with_what_ray_waits_for(tmp_path: Path):
+    """More EnvRunners than CPUs, past the preflight: Ray never places the third."""
+    result = run_cli(
+        tmp_path,
+        *TINY,
+        "scaling.num_env_runners=3",
+        "ray.num_cpus=2",
+        "preflight.strict=false",
+        "watchdog.seconds=5",
+    )
+    assert result.returncode == 1, result.stderr
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: stalled: no iteration finished within 5 s")
+    # At least the third EnvRunner (the others may still be starting).
+    assert re.search(r"waiting to place [123] SingleAgentEnvRunner actors?;", line), line
+    assert "free: 0 of 2 CPU" in line
+    assert result.json("summary.json")["status"] == "stalled"
+    assert result.seconds < 60
+    record(
+        "3 EnvRunners on 2 CPUs, preflight.strict=false, watchdog.seconds=5",
+        result.returncode,
+        result.seconds,
+        "stopped naming the pending EnvRunner",
+    )
+
+
+def test_sweep_interrupted_in_its_second_job_continues_it(tmp_path: Path):
+    """After its dry run, Ctrl-C during job 1: it is recorded as interrupted and the sweep
+    stops; the same sweep run again skips job 0 and continues job 1 from its checkpoint.
+    Each job starts a Ray of its own (its EnvRunner sits on another node)."""
+    args = (
+        "-m",
+        "seed=0,1",
+        *TINY,
+        "scaling.num_env_runners=1",
+        "stop.iterations=4",
+        "checkpoint.every=1",
+        "hydra.sweep.dir=sweep",
+    )
+    plan = Cli(tmp_path, *args, "dry_run=true")
+    assert plan.wait()[0] == 0, plan.output
+    sweep = tmp_path / "sweep"
+    assert json.loads((sweep / "0" / "job.json").read_text())["status"] == "dry_run"
+
+    cli = Cli(tmp_path, *args)
+    cli.until("iter    2", lambda: None)  # job 0
+    cli.until("iter    2", lambda: cli.signal(signal.SIGINT))  # job 1
+    code, seconds = cli.wait()
+    assert code == 130, cli.output
+    assert not list((sweep / "0").glob("attempt-*"))  # a dry run's record is only a plan
+    jobs = [json.loads((sweep / n / "job.json").read_text()) for n in ("0", "1")]
+    assert [j["status"] for j in jobs] == ["finished", "interrupted"]
+    nodes = [_summary(sweep / n)["env_runner_nodes"] for n in ("0", "1")]
+    assert len(nodes[0]) == 1 and nodes[0] != nodes[1]
+    stopped_at = _summary(sweep / "1")["iterations"]
+    assert stopped_at < 4
+
+    again = Cli(tmp_path, *args)
+    code, _ = again.wait()
+    assert code == 0, again.output
+    assert "job 0: finished in an earlier run of this sweep, skipped" in again.output
+    assert "continuing the interrupted job" in again.output
+    job = sweep / "1"
+    assert (job / "attempt-1" / "job.json").is_file()
+    summary = _summary(job)
+    assert summary["resumed_from"].endswith(f"iter_{stopped_at:06d}")
+    assert [r["iteration"] for r in _jsonl(job / "metrics.jsonl")] == [1, 2, 3, 4]
+    record(
+        "SIGINT in a sweep's second job, then the sweep again",
+        code,
+        seconds,
+        f"job 0 skipped; job 1 continued from iteration {stopped_at}",
+    )
+
+
+# In-process: the file-level promises, without a run.
+
+
+def test_incomplete_checkpoints_are_never_chosen_and_prune_keeps_newest_and_best(tmp_path):
+    def fake(iteration: int, ret: float | None, manifest: bool = True) -> Path:
+        path = checkpoints.checkpoint_dir(tmp_path, iteration)
+        path.mkdir(parents=True)
+        (path / "state.pkl").write_bytes(bytes([iteration]) * 10)
+        if manifest:
+            digest = checkpoints._sha256(path / "state.pkl")
+            (path / checkpoints.MANIFEST).write_text(
+                json.dumps(
+                    {
+                        "iteration": iteration,
+                        "episode_return_mean": ret,
+                        "files": {"state.pkl": digest},
+                    }
+                )
+            )
+        return path
+
+    for i, ret in enumerate([10.0, 50.0, None, 20.0, 30.0], start=1):
+        fake(i, ret)
+    half_written = fake(6, 99.0, manifest=False)
+    (tmp_path / "checkpoints" / ".iter_000007.tmp").mkdir()
+    assert checkpoints.latest(tmp_path).name == "iter_000005"
+    removed = checkpoints.prune(tmp_path, keep=2, keep_best=1)
+    assert [p.name for p in removed] == ["iter_000001", "iter_000003"]
+    assert [p.name for p in checkpoints.complete(tmp_path)] == [
+        "iter_000002",
+        "iter_000004",
+        "iter_000005",
+    ]
+    assert half_written.is_dir()  # not ours to judge: never chosen, never removed
+    (checkpoints.checkpoint_dir(tmp_path, 5) / "state.pkl").write_bytes(b"x")
+    try:
+        checkpoints.verified(checkpoints.checkpoint_dir(tmp_path, 5))
+    except checkpoints.CorruptCheckpoint as ex:
+        assert str(ex).endswith(f"use resume={checkpoints.checkpoint_dir(tmp_path, 4)}")
+    else:
+        raise AssertionError("a corrupt checkpoint was accepted")
+
+
+def test_metrics_log_holds_only_whole_lines_when_the_disk_fills(tmp_path):
+    """A file-size limit (RLIMIT_FSIZE) stands in for a full disk: the write that does
+    not fit is cut short, and the log takes it back out."""
+    script = f"""
+import resource, signal, json
+from pathlib import Path
+from runner.results.files import MetricsLog
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))
+log = MetricsLog(Path({str(tmp_path)!r}))
+for i in range(100):
+    try:
+        log.write({{"iteration": i}}, {{"x": 1.5}})
+    except OSError as ex:
+        print("stopped at", i, ex.errno)
+        break
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert "stopped at" in proc.stdout, proc.stderr
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines(keepends=True)
+    assert lines and all(line.endswith("\n") for line in lines)
+    assert [json.loads(line)["iteration"] for line in lines] == list(range(len(lines)))
+
+
+def test_guard_watches_losses_gradient_norms_and_returns():
+    nan, inf = float("nan"), float("inf")
+    result = {
+        "learners": {
+            "default_policy": {
+                "total_loss": nan,
+                "gradients_default_optimizer_global_norm": inf,
+                "curr_kl_coeff": nan,
+            }
+        },
+        "env_runners": {"episode_return_mean": 1.0, "module_episode_returns_mean": {"p0": nan}},
+        "timers": {"x": nan},
+    }
+    found = guard.non_finite(result)
+    assert set(found) == {
+        "learners/default_policy/total_loss",
+        "learners/default_policy/gradients_default_optimizer_global_norm",
+        "env_runners/module_episode_returns_mean/p0",
+    }
+    assert guard.describe(found, 7).startswith(
+        "non-finite env_runners/module_episode_returns_mean/p0 = nan at iteration 7"
+    )
+
+
+def test_stall_bound_is_fixed_or_follows_the_median_iteration():
+    config = WatchdogConfig(first_iteration_seconds=900, median_multiple=10, min_seconds=60)
+    assert stall_bound(config, []) == 900
+    assert stall_bound(config, [1.0, 2.0, 30.0]) == 60
+    assert stall_bound(config, [10.0, 12.0, 11.0]) == 110
+    assert stall_bound(WatchdogConfig(seconds=5), [100.0]) == 5
+    assert stall_bound(WatchdogConfig(enabled=False), []) is None
+
+
+def test_a_checkpoint_that_fails_to_write_leaves_the_earlier_ones(tmp_path):
+    """A full disk cannot be made safely here (a file-size limit would also kill Ray's own
+    processes), so a stand-in Algorithm's save fails half-way, as a full disk would."""
+    import errno
+
+    class FullDisk:
+        iteration = 2
+
+        def save_to_path(self, path: str) -> None:
+            (Path(path) / "learner").mkdir(parents=True)
+            (Path(path) / "learner" / "state.pkl").write_bytes(b"half")
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    earlier = checkpoints.checkpoint_dir(tmp_path, 1)
+    earlier.mkdir(parents=True)
+    try:
+        checkpoints.save(FullDisk(), tmp_path, {"iteration": 2})
+    except OSError as ex:
+        assert ex.errno == errno.ENOSPC
+    else:
+        raise AssertionError("the failed save was not reported")
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["iter_000001"]
