@@ -97,8 +97,11 @@ def one_line(ex: BaseException) -> str:
     died = _ACTOR_DIED.search(" ".join(str(ex).split()))
     if died:
         name, pid, kind = died.groups()
+        name = name.rsplit(".", 1)[-1]
+        if name == "_WrappedExecutable":  # Ray Train's actor around a remote Learner
+            name = "a Learner (Ray Train's _WrappedExecutable)"
         return (
-            f"a Ray actor died: {name.rsplit('.', 1)[-1]} (pid {pid}), {kind}: its process "
+            f"a Ray actor died: {name} (pid {pid}), {kind}: its process "
             "was killed, ran out of memory or crashed (its log is under Ray's session dir)"
         )
     text = _squash(str(ex)) or type(ex).__name__

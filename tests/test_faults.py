@@ -323,7 +323,7 @@ def test_killed_learner_fails_the_run_and_keeps_the_checkpoints(tmp_path: Path):
     assert code == 2, cli.output
     assert seconds < 30
     error = cli.output.strip().splitlines()[-1]
-    assert error.startswith("error: a Ray actor died: _WrappedExecutable"), error
+    assert error.startswith("error: a Ray actor died: a Learner (Ray Train's"), error
     run = tmp_path / "run"
     summary = _summary(run)
     assert summary["status"] == "failed" and summary["stop_reason"] in error

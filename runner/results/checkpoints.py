@@ -58,9 +58,7 @@ def save(algo: Any, run_dir: Path, facts: dict[str, Any]) -> Path:
         algo.save_to_path(str(temporary.resolve()))
         files = {str(p.relative_to(temporary)): _sha256(p) for p in _files(temporary)}
         write_json(temporary / MANIFEST, {**facts, "versions": versions(), "files": files})
-        if final.exists():  # an earlier attempt at the same iteration (a resumed sweep job)
-            shutil.rmtree(final)
-        temporary.rename(final)
+        temporary.rename(final)  # a run dir is never written twice: `final` is new
     except BaseException:
         shutil.rmtree(temporary, ignore_errors=True)
         raise

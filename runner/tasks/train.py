@@ -126,10 +126,12 @@ class Progress:
     status: str = "finished"
     reason: str = ""
     signum: int | None = None
+    abandoned: bool = False  # the iteration in flight outlived the grace after a signal
     error: Exception | None = None
     restarts: dict[str, list[dict[str, int]]] = field(default_factory=dict)
     non_finite: dict[str, float] = field(default_factory=dict)
-    restart_counts: dict[str, int] = field(default_factory=dict)
+    # Per component, RLlib's last (lifetime restarts, healthy actors).
+    actor_counts: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def end(self, status: str, reason: str) -> None:
         self.status, self.reason = status, reason
@@ -157,11 +159,9 @@ def record_restarts(progress: Progress, result: dict, iteration: int) -> None:
             continue
         healthy = int(stats["num_healthy_workers"])
         count = int(stats.get("num_remote_worker_restarts") or 0)
-        events = {
-            "lost": progress.restart_counts.get(f"{component}/healthy", healthy) - healthy,
-            "restarted": count - progress.restart_counts.get(component, 0),
-        }
-        progress.restart_counts.update({component: count, f"{component}/healthy": healthy})
+        count_before, healthy_before = progress.actor_counts.get(component, (0, healthy))
+        events = {"lost": healthy_before - healthy, "restarted": count - count_before}
+        progress.actor_counts[component] = (count, healthy)
         for event, n in events.items():
             if n > 0:
                 progress.restarts.setdefault(component, []).append(
@@ -263,7 +263,7 @@ def _interrupted(progress: Progress, watch: Watch, run_dir: Path) -> None:
             f"(watchdog.seconds); {waiting_for()}",
         )
     elif watch.cause == "abandoned":
-        progress.signum = watch.signum
+        progress.signum, progress.abandoned = watch.signum, True
         newest = checkpoints.latest(run_dir)
         progress.end(
             "interrupted",
@@ -289,9 +289,7 @@ def _finish(algo: Algorithm | None, run: TaskRun, progress: Progress) -> list[di
             algo.stop()
         algo.learner_group._is_shut_down = True
         return []
-    clean = progress.status == "finished" or (
-        progress.status == "interrupted" and "abandoned" not in progress.reason
-    )
+    clean = progress.status in ("finished", "interrupted") and not progress.abandoned
     reports = []
     if clean and progress.rows:
         reports = compile_report.collect(algo, verify=run.spec is not None and run.spec.env_runners)
