@@ -196,6 +196,7 @@ def test_sigterm_keeps_the_last_iteration_and_resume_continues(tmp_path: Path):
         2,
         refused.seconds,
         "refused in one line naming the file and the newest good checkpoint",
+        since="the command's start",
     )
 
 
@@ -362,6 +363,7 @@ def test_nan_reward_stops_the_run_and_keeps_the_last_finite_checkpoint(tmp_path:
         result.returncode,
         result.seconds,
         "stopped at iteration 2, naming the loss; checkpoint iter_000001 only",
+        since="the command's start",
     )
 
 
@@ -388,6 +390,7 @@ def test_stall_stops_with_what_ray_waits_for(tmp_path: Path):
         result.returncode,
         result.seconds,
         "stopped naming the pending EnvRunner",
+        since="the command's start",
     )
 
 
@@ -422,6 +425,7 @@ def test_sweep_interrupted_in_its_second_job_continues_it(tmp_path: Path):
     stopped_at = _summary(sweep / "1")["iterations"]
     assert stopped_at < 4
 
+    interrupted = code
     again = Cli(tmp_path, *args)
     code, _ = again.wait()
     assert code == 0, again.output
@@ -434,7 +438,7 @@ def test_sweep_interrupted_in_its_second_job_continues_it(tmp_path: Path):
     assert [r["iteration"] for r in _jsonl(job / "metrics.jsonl")] == [1, 2, 3, 4]
     record(
         "SIGINT in a sweep's second job, then the sweep again",
-        code,
+        interrupted,
         seconds,
         f"job 0 skipped; job 1 continued from iteration {stopped_at}",
     )
