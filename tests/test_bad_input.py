@@ -3,7 +3,11 @@ no traceback, and nothing written outside the run's own new dir."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
 import pytest
+from conftest import CliResult, run_cli
 
 CASES = {
     "misspelled key": (["scaling.num_env_runnrs=1"], "did you mean num_env_runners"),
@@ -101,18 +105,30 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize(("overrides", "expected"), CASES.values(), ids=CASES.keys())
-def test_bad_input_fails_fast_in_one_line(cli, tmp_path, overrides, expected):
-    before = {p for p in tmp_path.iterdir()}
-    result = cli(*overrides, timeout=60)
+@pytest.fixture(scope="module")
+def refusals(tmp_path_factory) -> dict[str, tuple[Path, CliResult]]:
+    """Every case as its own CLI run in an empty dir of its own, two at a time (each is
+    mostly the interpreter importing torch, Ray and Hydra on one core)."""
+
+    def refuse(name: str) -> tuple[Path, CliResult]:
+        cwd = tmp_path_factory.mktemp("bad_input")
+        return cwd, run_cli(cwd, *CASES[name][0], timeout=60)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(zip(CASES, pool.map(refuse, CASES), strict=True))
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_bad_input_fails_fast_in_one_line(refusals, name):
+    cwd, result = refusals[name]
+    expected = CASES[name][1]
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("error: ") and expected in lines[0], lines[0]
     assert "Traceback" not in result.stdout + result.stderr
     assert result.seconds < 15, f"took {result.seconds:.1f} s"
-    created = {p for p in tmp_path.iterdir()} - before
-    assert created <= {result.run_dir}
+    assert set(cwd.iterdir()) <= {result.run_dir}
     if result.run_dir.exists():
         assert not (result.run_dir / "checkpoints").exists()
         assert not (result.run_dir / "metrics.jsonl").exists()

@@ -16,9 +16,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from conftest import TINY, run_cli
 
 from runner import guard
+from runner.__main__ import _refuse_used_run_dir as refuse_used_run_dir
 from runner.ray_session import descendants
 from runner.results import checkpoints
 from runner.schema import WatchdogConfig
@@ -117,7 +119,7 @@ def _actor_pid(root: int, name: str) -> int:
     raise AssertionError(f"no {name} process under {root}")
 
 
-def test_sigterm_keeps_the_last_iteration_and_resume_continues(tmp_path: Path):
+def test_sigterm_keeps_the_last_iteration_and_resume_continues(tmp_path: Path, capsys):
     """Kubernetes' preemption: SIGTERM mid-run, with a remote EnvRunner."""
     cli = Cli(
         tmp_path,
@@ -153,9 +155,11 @@ def test_sigterm_keeps_the_last_iteration_and_resume_continues(tmp_path: Path):
     kept = f"{last} iterations in metrics.jsonl, checkpoint iter_{last}, no Ray process left"
     record("SIGTERM (one remote EnvRunner)", code, seconds, kept)
 
-    # The same run dir is never written into twice.
-    again = run_cli(tmp_path, *TINY, run_dir="first", timeout=60)
-    assert again.returncode == 2 and "already holds a run's results" in again.stderr
+    # The same run dir is never written into twice (checked before Hydra writes .hydra/).
+    with pytest.raises(SystemExit) as refused_dir:
+        refuse_used_run_dir([f"hydra.run.dir={run}"])
+    assert refused_dir.value.code == 2
+    assert "already holds a run's results" in capsys.readouterr().err
 
     # Resume: the original overrides come back, counting carries on, every file is there.
     resumed = run_cli(tmp_path, f"resume={run}", f"stop.iterations={last + 1}", run_dir="second")
@@ -173,6 +177,10 @@ def test_sigterm_keeps_the_last_iteration_and_resume_continues(tmp_path: Path):
     assert done["resumed_from"] == str(newest) and done["signal"] is None
     assert done["env_steps"] == more[0]["env_steps"] and done["env_steps_per_s"] > 0
     assert done["compile"]["requested"] is False and done["hardware"]["cpus"] >= 1
+    compiled = done["compile"]["components"]  # compile=none: no dynamo frame anywhere
+    assert {c["component"] for c in compiled} == {"env_runner/0", "env_runner/1", "learner/0"}
+    assert all(c["process_frames"] == 0 for c in compiled)
+    assert "compile off: 0 dynamo frames" in resumed.stdout
     assert f"iter    {last + 1}" in resumed.stdout
 
     # A checkpoint whose file was truncated, then one with a flipped bit: refused with
