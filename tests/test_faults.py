@@ -375,6 +375,25 @@ def test_nan_reward_stops_the_run_and_keeps_the_last_finite_checkpoint(tmp_path:
     )
 
 
+def test_guard_warn_goes_on_past_a_nan(tmp_path: Path):
+    result = run_cli(
+        tmp_path,
+        *TINY,
+        *FAULTY_ENV,
+        "+env.env_config.nan_at_step=250",
+        "stop.iterations=3",
+        "guard.non_finite=warn",
+        "scaling.num_env_runners=0",
+        env={"PYTHONPATH": str(TESTS)},
+    )
+    assert result.returncode == 0, result.stderr
+    assert "warning: non-finite " in result.stdout and "guard.non_finite=warn" in result.stdout
+    summary = result.json("summary.json")
+    assert summary["status"] == "finished" and summary["iterations"] == 3
+    assert summary["non_finite"] == {}
+    assert checkpoints.latest(result.run_dir).name == "iter_000003"
+
+
 def test_stall_stops_with_what_ray_waits_for(tmp_path: Path):
     """More EnvRunners than CPUs, past the preflight: Ray never places the third."""
     result = run_cli(
