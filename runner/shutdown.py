@@ -11,6 +11,7 @@ raises one and keeps why (`Watch.cause`).
 
 from __future__ import annotations
 
+import os
 import signal
 import statistics
 import sys
@@ -20,6 +21,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from runner.ray_session import kill_local_ray
 from runner.schema import WatchdogConfig
 
 HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -38,7 +40,25 @@ class Interrupted(BaseException):
         super().__init__(message or f"interrupted by {signal_name(signum)}")
 
 
+_first_signal: int | None = None  # the first signal this process took, once it is known
+
+
+def abort_now(signum: int, before_exit: Callable[[int], None] | None = None) -> None:
+    """A second signal: say so, run `before_exit`, kill what this process started, exit."""
+    print(f"{signal_name(signum)} again: aborting now", file=sys.stderr, flush=True)
+    if before_exit is not None:
+        before_exit(signum)
+    kill_local_ray()
+    os._exit(128 + signum)
+
+
 def _interrupt(signum: int, frame: Any) -> None:
+    """Outside training: the first signal unwinds the process; any later one (while it
+    unwinds: Ray's shutdown, the exit) aborts at once."""
+    global _first_signal
+    if _first_signal is not None:
+        abort_now(signum)
+    _first_signal = signum
     raise Interrupted(signum)
 
 
@@ -71,7 +91,8 @@ class Watch:
 
     The loop runs each iteration (the first with the Algorithm's build) inside
     `iteration()`, and asks `signum` after it; `on_abort(signum)` runs on a second
-    signal, before the process exits at once."""
+    signal, before the process exits at once. A signal taken during training still counts
+    after it: the next one, while the run winds down, aborts."""
 
     def __init__(
         self,
@@ -102,9 +123,12 @@ class Watch:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        global _first_signal
         self._done.set()
         self._in_flight = False
         if in_main_thread():
+            if self.signum is not None:
+                _first_signal = self.signum
             signal.signal(signal.SIGALRM, signal.SIG_DFL)
             install_default()
 
@@ -139,9 +163,7 @@ class Watch:
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         if self.signum is not None:
-            print(f"{signal_name(signum)} again: aborting now", file=sys.stderr, flush=True)
-            self.on_abort(signum)
-            return
+            abort_now(signum, self.on_abort)
         self.signum, self._signal_at = signum, time.monotonic()
         print(
             f"{signal_name(signum)}: stopping after the iteration in flight (at most "

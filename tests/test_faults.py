@@ -209,21 +209,58 @@ def test_sigterm_keeps_the_last_iteration_and_resume_continues(tmp_path: Path, c
 
 
 def test_second_signal_aborts_at_once_and_leaves_whole_files(tmp_path: Path):
+    """Both signals land inside iteration 2 (3 s of slow steps on a remote EnvRunner)."""
     cli = Cli(
-        tmp_path, *TINY, "scaling.num_env_runners=1", "stop.iterations=50", "hydra.run.dir=run"
+        tmp_path,
+        *TINY,
+        *FAULTY_ENV,
+        "+env.env_config.step_seconds=0.015",
+        "algo.training.train_batch_size_per_learner=200",
+        "scaling.num_env_runners=1",
+        "stop.iterations=50",
+        "hydra.run.dir=run",
     )
-    cli.until("iter    2", lambda: cli.signal(signal.SIGHUP, times=2))
+    cli.until("iter    1", lambda: (time.sleep(0.5), cli.signal(signal.SIGHUP, times=2)))
     code, seconds = cli.wait()
     assert code == 128 + signal.SIGHUP, cli.output
     assert seconds < 10
     assert "SIGHUP again: aborting now" in cli.output
+    assert "Traceback" not in cli.output
     assert cli.left_behind() == []
     summary = _summary(tmp_path / "run")
     assert summary["status"] == "aborted" and summary["signal"] == "SIGHUP"
     rows = _jsonl(tmp_path / "run" / "metrics.jsonl")  # every line whole
-    assert rows[-1]["iteration"] == summary["iterations"] >= 2
+    assert rows[-1]["iteration"] == summary["iterations"] == 1
     kept = f"{len(rows)} whole lines in metrics.jsonl, summary.json 'aborted', no Ray process left"
     record("SIGHUP twice", code, seconds, kept)
+
+
+def test_second_signal_while_the_run_winds_down_aborts_without_a_traceback(tmp_path: Path):
+    """After training took a signal, the process still unwinds (the final checkpoint,
+    Ray's shutdown, the exit): a second signal then aborts at once, quietly."""
+    code = (
+        "import time\n"
+        "from runner import shutdown\n"
+        "shutdown.install_default()\n"
+        "try:\n"
+        "    print('ready', flush=True); time.sleep(30)\n"
+        "except shutdown.Interrupted:\n"
+        "    print('unwinding', flush=True); time.sleep(30)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.strip() in ("ready", "unwinding"):
+            proc.send_signal(signal.SIGTERM)
+        if line.strip() == "unwinding":
+            break
+    lines += proc.stdout.readlines()
+    assert proc.wait(timeout=10) == 128 + signal.SIGTERM
+    assert "".join(lines).splitlines()[-1] == "SIGTERM again: aborting now"
+    assert "Traceback" not in "".join(lines)
 
 
 def test_iteration_that_outlives_the_grace_is_abandoned(tmp_path: Path):

@@ -13,7 +13,6 @@ weight sync) replays each compiled module's last input through compiled and eage
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import time
 from collections.abc import Callable
@@ -30,7 +29,7 @@ from runner.compile import report as compile_report
 from runner.compile.settings import CompileSpec, compiled_on_cpu, cuda_graph_warning
 from runner.console import console
 from runner.errors import ConfigError, RunnerError, one_line
-from runner.ray_session import kill_local_ray, waiting_for
+from runner.ray_session import waiting_for
 from runner.results import checkpoints
 from runner.results.files import MetricsLog, flatten_numbers, headline, write_json
 from runner.schema import NonFinite, RunnerConfig, StopConfig, TaskSettings
@@ -232,7 +231,7 @@ def after_iteration(
 
 
 def _abort(run: TaskRun, progress: Progress) -> Callable[[int], None]:
-    """The second signal: summary.json as it stands, Ray's processes killed, exit now."""
+    """The second signal during training: summary.json as it stands, before the exit."""
 
     def abort(signum: int) -> None:
         newest = checkpoints.latest(run.run_dir)
@@ -247,8 +246,6 @@ def _abort(run: TaskRun, progress: Progress) -> Callable[[int], None]:
                 **run.provenance,
             },
         )
-        kill_local_ray()
-        os._exit(128 + signum)
 
     return abort
 
