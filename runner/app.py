@@ -21,8 +21,10 @@ from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from rich.table import Table
 
 from runner import preflight, tasks
+from runner.compile import auto as compile_auto
 from runner.compile import settings as compile_settings
-from runner.compile.settings import CompileSpec
+from runner.compile.apply import add_to_config
+from runner.compile.settings import AUTO, CompileSpec
 from runner.compose import build_algorithm_config, default_config_for
 from runner.console import console
 from runner.errors import ConfigError, PreflightError
@@ -57,7 +59,14 @@ def prepare(cfg: DictConfig) -> Prepared:
     settings = typed(cfg)
     import_py_modules_here(settings.ray.runtime_env)
     task = tasks.get(settings.task.name)
-    spec, warnings = compile_settings.resolve(settings.compile)
+    spec, warnings = compile_settings.resolve(settings.compile) if task.uses_compile else (None, [])
+    if spec is not None and spec.backend == AUTO:
+        if not task.compile_auto:
+            raise ConfigError(
+                f"task={task.name} compares one compile preset with eager; compile=auto "
+                "picks one per component for training: compare them all with task=autotune"
+            )
+        compile_auto.check(settings)
     warnings += task.check(settings, spec)
     config = build_algorithm_config(settings, spec)
     plan = task.scale_plan(make_plan(config))
@@ -150,10 +159,18 @@ def run(cfg: DictConfig, start_time: float, attempt: Path | None = None) -> dict
         console.print(json.dumps(_changed_settings(job.config, settings.algo.name), indent=2))
         console.rule("plan")
         print_plan(job.plan, report, resources)
+        if job.spec is not None and job.spec.backend == AUTO:
+            console.print("compile=auto: measured (or read from its cache) when the run starts")
         console.print(f"dry run: nothing started; files in {run_dir}")
         return {**totals, "preflight_problems": report.problems}
     if not report.ok:
         raise PreflightError("; ".join(report.problems))
+    spec, auto = job.spec, None
+    if spec is not None and spec.backend == AUTO:  # measured before Ray takes the CPUs
+        auto = compile_auto.choose(settings, job.config)
+        console.print(compile_auto.describe(auto))
+        spec = compile_auto.chosen_spec(settings, auto)
+        add_to_config(job.config, spec)
     if job.task.needs_ray:
         start_ray(settings.ray, settings.compile.cache_dir)
     install_default()  # after ray.init, which sets a SIGTERM handler of its own
@@ -161,7 +178,8 @@ def run(cfg: DictConfig, start_time: float, attempt: Path | None = None) -> dict
         TaskRun(
             settings=settings,
             config=job.config,
-            spec=job.spec,
+            spec=spec,
+            auto=auto,
             run_dir=run_dir,
             provenance=provenance(settings, resources),
             start_time=start_time,

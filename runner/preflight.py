@@ -51,7 +51,7 @@ class Report:
         return {"ok": self.ok, **asdict(self)}
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -71,7 +71,7 @@ def local_resources(ray_cfg: RayConfig) -> Resources:
         cpus=float(ray_cfg.num_cpus if ray_cfg.num_cpus is not None else os.cpu_count() or 1),
         gpus=float(ray_cfg.num_gpus if ray_cfg.num_gpus is not None else cuda),
         gpu_names=names,
-        cpu_model=_cpu_model(),
+        cpu_model=cpu_model(),
         local=True,
     )
 
@@ -87,7 +87,7 @@ def cluster_resources(address: str) -> Resources:
         cpus=float(total.get("CPU", 0)),
         gpus=float(total.get("GPU", 0)),
         gpu_names=names,
-        cpu_model=_cpu_model(),
+        cpu_model=cpu_model(),
     )
 
 

@@ -50,8 +50,38 @@ class HardwareConfig:
 
 
 @dataclass
+class AutoConfig:
+    """compile=auto: the presets that compete per component kind, how they are timed,
+    and where the measurements are cached (runner/compile/auto.py)."""
+
+    # "backend/mode" each; those not usable on the device or not installed are skipped.
+    candidates: list[str] = field(
+        default_factory=lambda: [
+            "inductor/default",
+            "inductor/reduce-overhead",
+            "inductor/max-autotune",
+            "cudagraphs/default",
+            "onnxrt/default",
+            "ipex/default",
+        ]
+    )
+    # A candidate must beat eager by this fraction, its compile seconds included.
+    margin: float = 0.03
+    warmup_calls: int = 20
+    timed_calls: int = 200
+    # Each kind's timed rounds also stop after this many seconds (at least 5 rounds).
+    timed_seconds: float = 10.0
+    # Training iterations the compile seconds are spread over; null: from stop.* or
+    # check.env_steps, else 100.
+    expected_iterations: int | None = None
+    refresh: bool = False  # measure again, ignoring (and replacing) a cached measurement
+    # null: $XDG_CACHE_HOME/rllib-runner/compile-auto (~/.cache/...); `~` is expanded.
+    cache_dir: str | None = None
+
+
+@dataclass
 class CompileConfig:
-    """torch.compile settings; `backend: null` means compile is off."""
+    """torch.compile settings; `backend: null` means compile is off, `auto` measures."""
 
     backend: str | None = None
     # default, reduce-overhead or max-autotune (a string: OmegaConf enums match names).
@@ -64,6 +94,7 @@ class CompileConfig:
     # default (one dir per user in the temp dir, already shared by the node's actors).
     # `~` is expanded (quote it on the command line: 'compile.cache_dir="~/x"').
     cache_dir: str | None = None
+    auto: AutoConfig = field(default_factory=AutoConfig)
 
 
 @dataclass
@@ -294,5 +325,6 @@ def typed(cfg: DictConfig) -> RunnerConfig:
     this point gets dataclasses (per-task settings included), not a DictConfig."""
     settings: RunnerConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
     settings.compile.cache_dir = _expand(settings.compile.cache_dir)
+    settings.compile.auto.cache_dir = _expand(settings.compile.auto.cache_dir)
     settings.resume = _expand(settings.resume)
     return settings

@@ -46,6 +46,22 @@ CASES = {
     ),
     "onnxrt on Learners": (["compile=onnxrt_default", "compile.learners=true"], "inference only"),
     "ipex without the extra": (["compile=ipex_default"], "pip install -e '.[ipex]'"),
+    "compile=auto with no usable candidate": (
+        ["compile=auto", "compile.auto.candidates=[cudagraphs/default]"],
+        "compile=auto leaves no candidate for the env runners on cpu (cudagraphs/default: CUDA",
+    ),
+    "unknown compile=auto candidate": (
+        ["compile=auto", "compile.auto.candidates=[indcutor/default]"],
+        "unknown backend in 'indcutor/default' (did you mean inductor?)",
+    ),
+    "unwritable compile=auto cache": (
+        ["compile=auto", "compile.auto.cache_dir=/dev/null/decisions"],
+        "compile.auto.cache_dir '/dev/null/decisions' is not writable (Not a directory)",
+    ),
+    "compile=auto in a one-preset bench": (
+        ["task=inference_bench", "compile=auto"],
+        "compare them all with task=autotune",
+    ),
     "unknown task name": (["task.name=trian"], "unknown task.name 'trian' (did you mean train?)"),
     "RLlib's own check": (["scaling.gym_env_vectorize_mode=asyn"], "gym_env_vectorize_mode"),
     "unknown scale option": (["scale=locl"], "unknown option 'locl' for config group 'scale'"),

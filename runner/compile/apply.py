@@ -23,7 +23,7 @@ from ray.rllib.core.rl_module.multi_rl_module import MultiRLModule
 from ray.rllib.utils.actor_manager import RemoteCallResults
 from torch._dynamo.utils import counters
 
-from runner.compile.settings import MODE_BACKENDS, CompileSpec
+from runner.compile.settings import AUTO, MODE_BACKENDS, CompileSpec
 
 ENV_RUNNER_METHODS = ("_forward_exploration", "_forward_inference")
 LEARNER_METHODS = ("_forward_train",)
@@ -55,12 +55,15 @@ def load_backend(backend: str) -> None:
         import intel_extension_for_pytorch  # noqa: F401 - registers the "ipex" backend
 
 
-# What a CompiledCall counts: its share of dynamo's and inductor's process-wide counters.
+# What a CompiledCall counts: its share of the process-wide counters of dynamo, inductor
+# and the onnxrt backend (sessions rebuilt with new weights after a weight sync).
 COUNTED = {
     "frames": ("frames", "ok"),
     "unique_graphs": ("stats", "unique_graphs"),
     "cache_hits": ("inductor", "fxgraph_cache_hit"),
     "cache_misses": ("inductor", "fxgraph_cache_miss"),
+    "session_rebuilds": ("onnxrt", "rebuilds"),
+    "rebuild_seconds": ("onnxrt", "rebuild_seconds"),
 }
 
 
@@ -87,6 +90,13 @@ class CompiledCall:
         self.last_kwargs: dict | None = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        out = self._counted(args, kwargs)
+        self.calls += 1
+        self.last_args, self.last_kwargs = args, kwargs
+        return out
+
+    def _counted(self, args: tuple, kwargs: dict) -> Any:
+        """The compiled call, with what it made dynamo, inductor or onnxrt do."""
         before, start = _counts(), time.perf_counter()
         out = self.compiled(*args, **kwargs)
         seconds = time.perf_counter() - start
@@ -97,8 +107,6 @@ class CompiledCall:
             self.recompiles += 1
         for name in COUNTED:
             self.counts[name] += after[name] - before[name]
-        self.calls += 1
-        self.last_args, self.last_kwargs = args, kwargs
         return out
 
     def max_abs_diff(self) -> float | None:
@@ -106,7 +114,7 @@ class CompiledCall:
         if self.last_args is None:
             return None
         # Same grad mode as the real call, so the replay hits the compiled graph as it is.
-        ours = self.compiled(*self.last_args, **self.last_kwargs)
+        ours = self._counted(self.last_args, self.last_kwargs)
         theirs = self.eager(*self.last_args, **self.last_kwargs)
         gaps = [
             (ours[k].detach() - v.detach()).abs().max()
@@ -161,6 +169,7 @@ def compile_env_runner(env_runner: Any, spec: CompileSpec, warm_up: bool) -> Non
 
 def compile_learner(learner: Any, spec: CompileSpec) -> None:
     """forward_train of every sub-module, or wrap RLlib's own compiled complete update."""
+    spec = spec.for_learners()
     if spec.learner_granularity == "complete_update":
         calls = getattr(learner, "_runner_compiled", {})
         if "complete_update" not in calls:
@@ -232,7 +241,7 @@ def add_to_config(config: AlgorithmConfig, spec: CompileSpec | None) -> None:
 
     A complete-update compile is RLlib's own (it works); the runner only wraps it to count.
     """
-    if spec is None:
+    if spec is None or spec.backend == AUTO:  # auto: added once the choice is made
         return
     config.callbacks(
         on_algorithm_init=_beside(
@@ -243,9 +252,10 @@ def add_to_config(config: AlgorithmConfig, spec: CompileSpec | None) -> None:
         ),
     )
     if spec.learners and spec.learner_granularity == "complete_update":
+        learners = spec.for_learners()
         config.framework(
             torch_compile_learner=True,
             torch_compile_learner_what_to_compile="complete_update",
-            torch_compile_learner_dynamo_backend=spec.backend,
-            torch_compile_learner_dynamo_mode=spec.mode or "default",
+            torch_compile_learner_dynamo_backend=learners.backend,
+            torch_compile_learner_dynamo_mode=learners.mode or "default",
         )

@@ -16,7 +16,16 @@ from torch._dynamo.utils import counters
 from runner.compile.apply import CompiledCall, plain_values
 from runner.compile.settings import CompileSpec
 
-SUMMED = ("frames", "unique_graphs", "recompiles", "cache_hits", "cache_misses", "calls")
+SUMMED = (
+    "frames",
+    "unique_graphs",
+    "recompiles",
+    "cache_hits",
+    "cache_misses",
+    "session_rebuilds",
+    "rebuild_seconds",
+    "calls",
+)
 
 
 @dataclass
@@ -30,6 +39,8 @@ class ComponentReport:
     recompiles: int
     cache_hits: int
     cache_misses: int
+    session_rebuilds: int
+    rebuild_seconds: float
     calls: int
     process_frames: int
     max_abs_diff: float | None
@@ -87,8 +98,11 @@ def collect(algorithm: Any, verify: bool) -> list[dict[str, Any]]:
     return env_runner_reports(algorithm, verify) + learners
 
 
-def summarize(spec: CompileSpec | None, reports: list[dict[str, Any]]) -> tuple[dict, str]:
-    """summary.json's compile section and the one line the progress output prints."""
+def summarize(
+    spec: CompileSpec | None, reports: list[dict[str, Any]], auto: dict[str, Any] | None = None
+) -> tuple[dict, str]:
+    """summary.json's compile section and the one line the progress output prints;
+    `auto`: compile=auto's figures and choices, which made `spec`."""
     used = [r for r in reports if r["calls"] > 0]
     took = [r for r in used if r["took_effect"]]
     seconds = [r["compile_seconds"] for r in took if r["compile_seconds"] is not None]
@@ -101,21 +115,28 @@ def summarize(spec: CompileSpec | None, reports: list[dict[str, Any]]) -> tuple[
         "process_frames": {str(r["pid"]): r["process_frames"] for r in reports},
         "max_abs_diff": max_diff(reports),
         "components": reports,
+        "auto": auto,
     }
+    chosen = "compile=auto chose " if auto else "compile "
     if spec is None:
         frames = sum(section["process_frames"].values())
-        return section, f"compile off: {frames} dynamo frames in {len(reports)} component(s)"
+        off = f"{chosen}eager everywhere" if auto else "compile off"
+        return section, f"{off}: {frames} dynamo frames in {len(reports)} component(s)"
 
     def count(kind: str) -> str:
         n_took = sum(r["component"].startswith(kind) for r in took)
         return f"{n_took}/{sum(r['component'].startswith(kind) for r in used)}"
 
     line = (
-        f"compile {spec.preset}: took effect on "
+        f"{chosen}{spec.preset}: took effect on "
         f"{count('env_runner')} EnvRunner(s) and {count('learner')} Learner(s) that ran; "
         f"{section['frames']} frames, {sum(r['recompiles'] for r in reports)} recompiles, "
         f"{sum(seconds):.1f} s in first calls"
     )
+    rebuilds = sum(r["session_rebuilds"] for r in reports)
+    if rebuilds:
+        rebuild_seconds = sum(r["rebuild_seconds"] for r in reports)
+        line += f", {rebuilds} onnxrt session rebuilds after weight syncs ({rebuild_seconds:.2f} s)"
     if section["max_abs_diff"] is not None:
         line += f", max |compiled - eager| {section['max_abs_diff']:.1e}"
     return section, line

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -18,6 +18,7 @@ from runner.schema import CompileConfig, ScalingConfig
 
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 RUNNER_BACKENDS = ("onnxrt", "ipex")
+AUTO = "auto"  # compile=auto: a preset per component kind, measured before the run
 INFERENCE_ONLY = ("onnxrt",)
 # Backends that take torch.compile's `mode`; the others are given none.
 MODE_BACKENDS = ("inductor", "ipex")
@@ -33,10 +34,25 @@ class CompileSpec:
     env_runners: bool
     learners: bool
     learner_granularity: str
+    # compile=auto may choose another preset for the Learners than for the EnvRunners.
+    learner_backend: str | None = None
+    learner_mode: str | None = None
 
     @property
     def preset(self) -> str:
-        return f"{self.backend}/{self.mode or 'default'}"
+        own = f"{self.backend}/{self.mode or 'default'}"
+        if self.learner_backend is None or not self.env_runners:
+            return own if self.learner_backend is None else self.for_learners().preset
+        theirs = self.for_learners().preset
+        return own if theirs == own else f"{own} on EnvRunners, {theirs} on Learners"
+
+    def for_learners(self) -> CompileSpec:
+        """The spec a Learner compiles with."""
+        if self.learner_backend is None:
+            return self
+        return replace(
+            self, backend=self.learner_backend, mode=self.learner_mode, learner_backend=None
+        )
 
 
 def available_backends() -> list[str]:
@@ -53,6 +69,17 @@ def resolve(compile_cfg: CompileConfig) -> tuple[CompileSpec | None, list[str]]:
     backend, mode = compile_cfg.backend, compile_cfg.mode
     if backend is None:
         return None, []
+    if backend == AUTO:  # decided per component kind at run time (runner/compile/auto.py)
+        spec = CompileSpec(
+            backend=AUTO,
+            mode=None,
+            dynamic=compile_cfg.dynamic,
+            env_runners=compile_cfg.env_runners,
+            learners=compile_cfg.learners,
+            learner_granularity=compile_cfg.learner_granularity.value,
+        )
+        ignored = [f"compile.mode={mode} is ignored by compile=auto"] if mode else []
+        return spec, ignored
     backends = available_backends()
     if backend not in backends:
         raise ConfigError(

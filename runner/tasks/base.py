@@ -29,6 +29,8 @@ class TaskRun:
     provenance: dict[str, Any]
     start_time: float
     checkpoint: Path | None = None
+    # compile=auto's figures and choices per component kind (spec is what it chose).
+    auto: dict[str, Any] | None = None
     # metrics.jsonl lines to start from: an interrupted sweep job's, up to its checkpoint.
     history: list[str] = field(default_factory=list)
 
@@ -54,3 +56,7 @@ class Task:
     scale_plan: Callable[[Plan], Plan] = same_plan
     # False for a task that starts no actor (it then needs no Ray of its own).
     needs_ray: bool = True
+    # True for a task that takes compile=auto's per-component choice (training).
+    compile_auto: bool = False
+    # False for a task that compiles nothing itself (the compile group is not read).
+    uses_compile: bool = True

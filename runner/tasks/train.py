@@ -381,7 +381,7 @@ def run(run: TaskRun) -> None:
     figures = train(run)
     progress: Progress = figures.pop("progress")
     compile_section, compile_line = compile_report.summarize(
-        run.spec, figures.pop("compile_reports")
+        run.spec, figures.pop("compile_reports"), run.auto
     )
     if figures["iterations"] is not None:
         console.print(compile_line)
@@ -424,4 +424,4 @@ def run(run: TaskRun) -> None:
     progress.check.raise_if_failed()
 
 
-TASK = Task(name="train", settings=TrainSettings, run=run, check=check)
+TASK = Task(name="train", settings=TrainSettings, run=run, check=check, compile_auto=True)
