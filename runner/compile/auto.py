@@ -469,7 +469,7 @@ def measured_or_cached(
         if cached.get("key") == key:
             return cached["measured"], "cache", time.perf_counter() - start
     figures = measure(comp, module, batch, auto)
-    write_json(path, {"key": key, "measured": figures, "file": str(path)})
+    write_json(path, {"key": key, "measured": figures})
     return figures, "measured", time.perf_counter() - start
 
 

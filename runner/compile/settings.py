@@ -69,17 +69,17 @@ def resolve(compile_cfg: CompileConfig) -> tuple[CompileSpec | None, list[str]]:
     backend, mode = compile_cfg.backend, compile_cfg.mode
     if backend is None:
         return None, []
+    spec = CompileSpec(
+        backend=backend,
+        mode=mode,
+        dynamic=compile_cfg.dynamic,
+        env_runners=compile_cfg.env_runners,
+        learners=compile_cfg.learners,
+        learner_granularity=compile_cfg.learner_granularity.value,
+    )
     if backend == AUTO:  # decided per component kind at run time (runner/compile/auto.py)
-        spec = CompileSpec(
-            backend=AUTO,
-            mode=None,
-            dynamic=compile_cfg.dynamic,
-            env_runners=compile_cfg.env_runners,
-            learners=compile_cfg.learners,
-            learner_granularity=compile_cfg.learner_granularity.value,
-        )
         ignored = [f"compile.mode={mode} is ignored by compile=auto"] if mode else []
-        return spec, ignored
+        return replace(spec, mode=None), ignored
     backends = available_backends()
     if backend not in backends:
         raise ConfigError(
@@ -102,14 +102,6 @@ def resolve(compile_cfg: CompileConfig) -> tuple[CompileSpec | None, list[str]]:
     if not (compile_cfg.env_runners or compile_cfg.learners):
         warnings.append(f"compile.backend={backend} is set but applies to no component")
         return None, warnings
-    spec = CompileSpec(
-        backend=backend,
-        mode=mode,
-        dynamic=compile_cfg.dynamic,
-        env_runners=compile_cfg.env_runners,
-        learners=compile_cfg.learners,
-        learner_granularity=compile_cfg.learner_granularity.value,
-    )
     return spec, warnings
 
 
