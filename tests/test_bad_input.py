@@ -126,12 +126,14 @@ def refusals(tmp_path_factory) -> dict[str, tuple[Path, CliResult]]:
     """Every case as its own CLI run in an empty dir of its own, two at a time (each is
     mostly the interpreter importing torch, Ray and Hydra on one core)."""
 
-    def refuse(name: str) -> tuple[Path, CliResult]:
-        cwd = tmp_path_factory.mktemp("bad_input")
+    def refuse(name: str, cwd: Path) -> tuple[Path, CliResult]:
         return cwd, run_cli(cwd, *CASES[name][0], timeout=60)
 
+    # The dirs first, here: tmp_path_factory makes its base dir on first use, and two
+    # threads doing that at once can each make one (pytest then refuses the second).
+    dirs = [tmp_path_factory.mktemp("bad_input") for _ in CASES]
     with ThreadPoolExecutor(max_workers=2) as pool:
-        return dict(zip(CASES, pool.map(refuse, CASES), strict=True))
+        return dict(zip(CASES, pool.map(refuse, CASES, dirs), strict=True))
 
 
 @pytest.mark.parametrize("name", CASES)

@@ -27,6 +27,12 @@ from readme import SETUP, commands, setup
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ("stop.iterations=1",)
+# A PPO batch a 2-core CPU gets through in a second, for commands that train as written.
+SMALL_BATCH = (
+    "algo.training.train_batch_size_per_learner=400",
+    "algo.training.minibatch_size=128",
+    "algo.training.num_epochs=1",
+)
 
 
 @dataclass(frozen=True)
@@ -65,7 +71,7 @@ WAYS: dict[str, Way] = {
     # Overrides
     "python -m runner algo.training.lr=1e-4 +algo.training.grad_clip=40 "
     "+algo.rl_module.model_config.fcnet_hiddens=[64,64] stop.iterations=2": Way(
-        expect="done (iterations 2 >= 2)"
+        SMALL_BATCH, expect="done (iterations 2 >= 2)"
     ),
     "python -m runner algo=sac env=pendulum stop.iterations=2": Way(
         expect="done (iterations 2 >= 2)"
@@ -74,7 +80,8 @@ WAYS: dict[str, Way] = {
     "algo.training.train_batch_size_per_learner=512": Way(expect="done (iterations 1 >= 1)"),
     "python -m runner +algo.training.lrr=1": Way(code=2, expect="(did you mean lr?)"),
     "python -m runner check.threshold=450 check.env_steps=300000": Way(
-        ("check.threshold=1",), expect="done (check passed: env_runners/episode_return_mean"
+        ("check.threshold=1", *SMALL_BATCH),
+        expect="done (check passed: env_runners/episode_return_mean",
     ),
     # Bring your own (the block's test uninstalls the example package afterwards)
     "pip install -e examples/my_rl_pkg": Way(expect="Successfully installed my-rl-pkg"),
@@ -113,10 +120,12 @@ WAYS: dict[str, Way] = {
     # torch.compile
     "python -m runner compile=inductor_default "
     "'compile.cache_dir=\"~/.cache/rllib-runner/inductor\"' stop.iterations=2": Way(
-        expect="compile inductor/default: took effect on 1/1 EnvRunner(s) and 1/1 Learner(s)"
+        SMALL_BATCH,
+        expect="compile inductor/default: took effect on 1/1 EnvRunner(s) and 1/1 Learner(s)",
     ),
+    # The remote EnvRunner's session is rebuilt with the weights each sync brings.
     "python -m runner compile=onnxrt_default scaling.num_env_runners=1 stop.iterations=2": Way(
-        expect="compile onnxrt/default: took effect on 1/1 EnvRunner(s)"
+        SMALL_BATCH, expect="onnxrt session rebuilds after weight syncs"
     ),
     # The benchmark's main workload then decides from the first command's cached figures.
     "python -m runner compile=auto stop.iterations=2": Way(expect="compile=auto chose"),
@@ -131,9 +140,9 @@ WAYS: dict[str, Way] = {
     "python benchmarks/onnx_exporters.py": Way(("--calls", "50"), expect="torchscript "),
     # Benchmarks
     "python -m runner task=inference_bench env=cartpole compile=onnxrt_default "
-    "task.batch_sizes=[1,4,16,64]": Way(expect="batch  64 |"),
+    "task.batch_sizes=[1,4,16,64]": Way(("task.iterations=50",), expect="batch  64 |"),
     "python -m runner task=exploration_bench compile=onnxrt_default scaling.num_env_runners=1 "
-    "task.timed_iterations=2": Way(expect="env steps/s over 2 timed iteration(s)"),
+    "task.timed_iterations=2": Way(SMALL_BATCH, expect="env steps/s over 2 timed iteration(s)"),
     "python benchmarks/compile_forward.py --envs cartpole --iterations 100": Way(
         expect="cartpole  inductor   batch  16"
     ),
