@@ -28,6 +28,14 @@ from runner.shutdown import stall_bound
 
 TESTS = Path(__file__).resolve().parent
 FAULTY_ENV = ("env.id=null", "env.entry_point=faulty_env:FaultyCartPole")
+WITH_TESTS = {"PYTHONPATH": str(TESTS)}  # the runs import faulty_env from here
+# A tiny local run whose rewards turn NaN at step 250 of each env copy (iteration 2).
+NAN_AT_250 = (
+    *TINY,
+    *FAULTY_ENV,
+    "+env.env_config.nan_at_step=250",
+    "scaling.num_env_runners=0",
+)
 
 
 class Cli:
@@ -386,14 +394,7 @@ def test_killed_learner_fails_the_run_and_keeps_the_checkpoints(tmp_path: Path):
 
 def test_nan_reward_stops_the_run_and_keeps_the_last_finite_checkpoint(tmp_path: Path):
     result = run_cli(
-        tmp_path,
-        *TINY,
-        *FAULTY_ENV,
-        "+env.env_config.nan_at_step=250",
-        "stop.iterations=10",
-        "checkpoint.every=1",
-        "scaling.num_env_runners=0",
-        env={"PYTHONPATH": str(TESTS)},
+        tmp_path, *NAN_AT_250, "stop.iterations=10", "checkpoint.every=1", env=WITH_TESTS
     )
     assert result.returncode == 1, result.stderr
     line = result.stderr.strip().splitlines()[-1]
@@ -414,14 +415,7 @@ def test_nan_reward_stops_the_run_and_keeps_the_last_finite_checkpoint(tmp_path:
 
 def test_guard_warn_goes_on_past_a_nan(tmp_path: Path):
     result = run_cli(
-        tmp_path,
-        *TINY,
-        *FAULTY_ENV,
-        "+env.env_config.nan_at_step=250",
-        "stop.iterations=3",
-        "guard.non_finite=warn",
-        "scaling.num_env_runners=0",
-        env={"PYTHONPATH": str(TESTS)},
+        tmp_path, *NAN_AT_250, "stop.iterations=3", "guard.non_finite=warn", env=WITH_TESTS
     )
     assert result.returncode == 0, result.stderr
     assert "warning: non-finite " in result.stdout and "guard.non_finite=warn" in result.stdout
