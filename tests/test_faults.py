@@ -17,14 +17,18 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import ray
 from conftest import TINY, run_cli
+from ray.rllib.algorithms.ppo import PPOConfig
 
 from runner import guard
 from runner.__main__ import _refuse_used_run_dir as refuse_used_run_dir
+from runner.errors import RunnerError
 from runner.ray_session import descendants
 from runner.results import checkpoints
 from runner.schema import WatchdogConfig
 from runner.shutdown import stall_bound
+from runner.tasks.train import learners_in_service
 
 TESTS = Path(__file__).resolve().parent
 FAULTY_ENV = ("env.id=null", "env.entry_point=faulty_env:FaultyCartPole")
@@ -390,6 +394,44 @@ def test_killed_learner_fails_the_run_and_keeps_the_checkpoints(tmp_path: Path):
         seconds,
         f"summary.json 'failed' with the reason, checkpoint {newest}, no Ray process left",
     )
+
+
+def test_a_learner_lost_without_an_error_is_named_and_its_checkpoint_not_kept(tmp_path: Path):
+    """RLlib does not check the result of its Learner call while writing a checkpoint: a
+    Learner killed right then leaves the group short with no error, the checkpoint lacks
+    its state, and the next update fails with an IndexError (a CI run hit this)."""
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        config = (
+            PPOConfig()
+            .environment("CartPole-v1")
+            .env_runners(num_env_runners=0)
+            .learners(num_learners=1)
+            .training(train_batch_size_per_learner=200, minibatch_size=100, num_epochs=1)
+        )
+        algo = config.build_algo()
+        algo.train()
+        [pid] = [r.get() for r in algo.learner_group.foreach_learner(lambda _: os.getpid())]
+
+        class DiesWhileSaving:  # the real save, then the death it would not notice
+            iteration = algo.iteration
+
+            def save_to_path(self, path: str) -> None:
+                algo.save_to_path(path)
+                os.kill(pid, signal.SIGKILL)
+                while _alive(pid):
+                    time.sleep(0.1)
+                algo.learner_group.foreach_learner(lambda _: None)  # unchecked, as RLlib's
+
+        verify = lambda: learners_in_service(algo)  # noqa: E731
+        with pytest.raises(RunnerError, match=r"^a Ray actor died: a Learner .*1 of 1 out of"):
+            checkpoints.save(DiesWhileSaving(), tmp_path, {}, verify=verify)
+        assert not list((tmp_path / "checkpoints").iterdir())  # nothing half-written kept
+        with pytest.raises(RunnerError, match="^a Ray actor died: a Learner"):
+            learners_in_service(algo)  # what the next iteration checks before `train`
+        algo.stop()
+    finally:
+        ray.shutdown()
 
 
 def test_nan_reward_stops_the_run_and_keeps_the_last_finite_checkpoint(tmp_path: Path):

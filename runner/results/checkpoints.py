@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,18 +45,22 @@ def _files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST)
 
 
-def save(algo: Any, run_dir: Path, facts: dict[str, Any]) -> Path:
-    """`algo.save_to_path` into a temporary dir, the manifest last, then one rename.
+def save(
+    algo: Any, run_dir: Path, facts: dict[str, Any], verify: Callable[[], None] = lambda: None
+) -> Path:
+    """`algo.save_to_path` into a temporary dir, `verify()`, the manifest last, then one rename.
 
     `facts` (iteration, env_steps, episode_return_mean, ...) go into the manifest. On an
-    error (a full disk) the temporary dir is removed and the error raised: the
-    checkpoints already written stay as they were."""
+    error (a full disk, or `verify` raising because a part of the state went missing) the
+    temporary dir is removed and the error raised: the checkpoints already written stay
+    as they were."""
     final = checkpoint_dir(run_dir, algo.iteration)
     temporary = final.with_name(f".{final.name}.tmp")
     shutil.rmtree(temporary, ignore_errors=True)
     temporary.parent.mkdir(parents=True, exist_ok=True)
     try:
         algo.save_to_path(str(temporary.resolve()))
+        verify()
         files = {str(p.relative_to(temporary)): _sha256(p) for p in _files(temporary)}
         write_json(temporary / MANIFEST, {**facts, "versions": versions(), "files": files})
         temporary.rename(final)  # a run dir is never written twice: `final` is new

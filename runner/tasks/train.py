@@ -172,6 +172,23 @@ def record_restarts(progress: Progress, result: dict, iteration: int) -> None:
                 )
 
 
+def learners_in_service(algo: Algorithm) -> None:
+    """Raise if a remote Learner died unnoticed. RLlib takes a dead Learner out of service
+    without raising from some calls (the checkpoint's write of its state is one); the
+    next update or checkpoint would then fail with an IndexError, and the checkpoint
+    written meanwhile would lack the Learner's state."""
+    group = algo.learner_group
+    if group.is_local:
+        return
+    healthy = group._worker_manager.num_healthy_actors()
+    if healthy < len(group):
+        raise RunnerError(
+            f"a Ray actor died: a Learner (Ray Train's _WrappedExecutable), {len(group) - healthy}"
+            f" of {len(group)} out of service: its process was killed, ran out of memory or "
+            "crashed (its log is under Ray's session dir)"
+        )
+
+
 def save_checkpoint(algo: Algorithm, run: TaskRun, progress: Progress) -> Path:
     """A checkpoint with its manifest, then the older ones beyond checkpoint.keep pruned."""
     row = progress.rows[-1]
@@ -183,6 +200,7 @@ def save_checkpoint(algo: Algorithm, run: TaskRun, progress: Progress) -> Path:
             "env_steps": row["env_steps"],
             "episode_return_mean": row["last_episode_return_mean"],
         },
+        verify=lambda: learners_in_service(algo),
     )
     checkpoints.prune(run.run_dir, run.settings.checkpoint.keep, run.settings.checkpoint.keep_best)
     return path
@@ -323,6 +341,7 @@ def train(run: TaskRun) -> dict[str, Any]:
                     progress.signum = watch.signum
                     progress.end("interrupted", f"interrupted by {signal_name(watch.signum)}")
                     break
+                learners_in_service(algo)
                 with watch.iteration():
                     result = algo.train()
                 seconds = time.perf_counter() - train_start
