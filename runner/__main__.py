@@ -18,6 +18,7 @@ from omegaconf import DictConfig  # noqa: E402
 from runner import CONFIG_DIR  # noqa: E402
 from runner.app import run  # noqa: E402
 from runner.errors import RunnerError, one_line  # noqa: E402
+from runner.overrides import with_checkpoint_alias  # noqa: E402
 from runner.ray_session import stop_ray  # noqa: E402
 from runner.results.files import RESULT_FILES  # noqa: E402
 from runner.results.jobs import ERROR_FILE, earlier_attempt, write_job  # noqa: E402
@@ -97,6 +98,7 @@ def main() -> None:
     install_default()
     register_configs()
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")
+    sys.argv[1:] = with_checkpoint_alias(sys.argv[1:])
     _refuse_used_run_dir(sys.argv[1:])
     try:
         _app()

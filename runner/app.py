@@ -69,6 +69,7 @@ def prepare(cfg: DictConfig) -> Prepared:
         compile_auto.check(settings)
     warnings += task.check(settings, spec)
     config = build_algorithm_config(settings, spec)
+    task.configure(config, settings)
     plan = task.scale_plan(make_plan(config))
     return Prepared(settings, task, spec, warnings, config, plan)
 
@@ -123,6 +124,20 @@ def carried_on(attempt: Path | None) -> tuple[Path | None, list[str]]:
     return checkpoint, history
 
 
+def checkpoint_source(cfg: DictConfig) -> tuple[str, str] | None:
+    """(path, the setting that named it): resume= for training, checkpoint= for a task
+    that reads one (evaluate, export); None when neither is set."""
+    task = tasks.get(cfg.task.name)
+    path = cfg.task.get("checkpoint") if task.reads_checkpoint else None
+    if cfg.resume and path:
+        raise ConfigError(
+            f"task={task.name} reads checkpoint=; resume= continues training: set one"
+        )
+    if cfg.resume:
+        return str(cfg.resume), "resume"
+    return (str(path), "checkpoint") if path else None
+
+
 def run(cfg: DictConfig, start_time: float, attempt: Path | None = None) -> dict[str, Any]:
     """Prepare, check against what exists, then dry-run or run the task; every file lands
     in Hydra's run dir. `attempt`: an interrupted earlier attempt of this sweep job to
@@ -133,8 +148,9 @@ def run(cfg: DictConfig, start_time: float, attempt: Path | None = None) -> dict
         raise ConfigError(f"run dir '{run_dir}' already holds a run's results; use a new one")
     checkpoint, history = carried_on(attempt)
     overrides = list(HydraConfig.get().overrides.task)
-    if cfg.resume:
-        cfg, checkpoint, overrides = compose_for_resume(cfg, overrides)
+    source = checkpoint_source(cfg)
+    if source:
+        cfg, checkpoint, overrides = compose_for_resume(cfg, overrides, *source)
     (run_dir / OVERRIDES_FILE).write_text(yaml.safe_dump(overrides))
 
     job = prepare(cfg)

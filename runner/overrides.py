@@ -37,3 +37,9 @@ def merge(saved: list[str], current: list[str]) -> list[str]:
         if key(override) not in PER_INVOCATION:
             merged[key(override)] = override
     return list(merged.values())
+
+
+def with_checkpoint_alias(argv: list[str]) -> list[str]:
+    """`checkpoint=<path>` on the command line is task.checkpoint=<path> (task=evaluate and
+    task=export read it): the config's own `checkpoint` section holds training's settings."""
+    return [f"task.{arg}" if arg.startswith("checkpoint=") else arg for arg in argv]

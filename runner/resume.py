@@ -1,7 +1,9 @@
-"""resume=<run dir or checkpoint dir>: the config to continue with, and where from.
+"""resume=<run dir or checkpoint dir> (and checkpoint=<...> of task=evaluate|export): the
+config to continue with, and where from.
 
-The resumed run is composed from the original run's overrides with this command's on
-top, so it continues the same experiment with whatever this command changes.
+The new run is composed from the original run's overrides with this command's on top,
+so it continues (or evaluates, or exports) the same experiment with whatever this
+command changes.
 """
 
 from __future__ import annotations
@@ -20,14 +22,14 @@ from runner.results.checkpoints import CHECKPOINT_FILE, MANIFEST
 OVERRIDES_FILE = "composed_overrides.yaml"
 
 
-def find_checkpoint(path_text: str) -> tuple[Path, Path | None]:
+def find_checkpoint(path_text: str, setting: str = "resume") -> tuple[Path, Path | None]:
     """(checkpoint dir, the run dir it belongs to) for a run dir or a checkpoint dir: the
     run dir's newest complete checkpoint, checked against its manifest (checkpoints are
-    pickles: resume only checkpoints you trust)."""
+    pickles: load only checkpoints you trust). `setting` names the path in messages."""
     path = Path(path_text).expanduser()
     if not path.exists():
         raise ConfigError(
-            f"resume path '{path}' does not exist; pass a run dir (one with checkpoints/) "
+            f"{setting} path '{path}' does not exist; pass a run dir (one with checkpoints/) "
             "or a checkpoint dir"
         )
     if (path / CHECKPOINT_FILE).is_file() or (path / MANIFEST).is_file():
@@ -36,7 +38,7 @@ def find_checkpoint(path_text: str) -> tuple[Path, Path | None]:
     checkpoint = checkpoints.latest(path)
     if checkpoint is None:
         raise ConfigError(
-            f"resume path '{path}' holds no checkpoint (no checkpoints/*/{CHECKPOINT_FILE}); "
+            f"{setting} path '{path}' holds no checkpoint (no checkpoints/*/{CHECKPOINT_FILE}); "
             "pass a run dir of this runner or an RLlib checkpoint dir"
         )
     return checkpoints.verified(checkpoint), path
@@ -49,9 +51,12 @@ def saved_overrides(run_dir: Path) -> list[str]:
     return []
 
 
-def compose_for_resume(cfg: DictConfig, current: list[str]) -> tuple[DictConfig, Path, list[str]]:
-    """The resumed run's config, its checkpoint, and the overrides it was composed from."""
-    checkpoint, old_run_dir = find_checkpoint(cfg.resume)
+def compose_for_resume(
+    cfg: DictConfig, current: list[str], path_text: str, setting: str = "resume"
+) -> tuple[DictConfig, Path, list[str]]:
+    """The new run's config (the checkpoint's run's overrides, then `current`), the
+    checkpoint, and the overrides it was composed from."""
+    checkpoint, old_run_dir = find_checkpoint(path_text, setting)
     if old_run_dir is None:
         return cfg, checkpoint, current
     merged = ov.merge(saved_overrides(old_run_dir), current)

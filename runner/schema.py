@@ -215,6 +215,16 @@ class CheckpointConfig:
 
 
 @dataclass
+class RecordConfig:
+    """Video while training: every `every` iterations (0: never), `episodes` evaluation
+    episodes played with the current weights and recorded to <run dir>/videos/."""
+
+    every: int = 0
+    episodes: int = 1
+    explore: bool = False
+
+
+@dataclass
 class ShutdownConfig:
     """On SIGTERM, SIGINT or SIGHUP the iteration in flight may finish for `grace_seconds`
     (inside Kubernetes' default 30 s before its SIGKILL); then it is abandoned."""
@@ -294,6 +304,7 @@ class RunnerConfig:
     ray: RayConfig = field(default_factory=RayConfig)
     preflight: PreflightConfig = field(default_factory=PreflightConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    record: RecordConfig = field(default_factory=RecordConfig)
     shutdown: ShutdownConfig = field(default_factory=ShutdownConfig)
     guard: GuardConfig = field(default_factory=GuardConfig)
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)

@@ -205,3 +205,10 @@ class PolicyTable:
                 f"algo.multi_agent.policy_mapping_fn has no entry for agent {agent_id!r}; "
                 f"it maps {sorted(self.table)}"
             ) from None
+
+
+def beside(theirs: Callable | list[Callable] | None, ours: Callable) -> list[Callable]:
+    """The user's callback functions (from algo.callbacks), then ours: both run."""
+    if theirs is None:
+        return [ours]
+    return [*(theirs if isinstance(theirs, list) else [theirs]), ours]

@@ -57,6 +57,25 @@ def commands(readme: Path = README) -> list[Command]:
     return found
 
 
+def python_blocks(section: str, readme: Path = README) -> list[str]:
+    """The fenced python blocks of a section, as a user would save them to a file."""
+    found: list[str] = []
+    current, fence, lines = "", None, []
+    for line in readme.read_text().splitlines():
+        if fence is None and line.startswith("## "):
+            current = line[3:].strip()
+        elif line.startswith("```"):
+            if fence is None:
+                fence, lines = line[3:].strip(), []
+            else:
+                if fence == "python" and current == section:
+                    found.append("\n".join(lines) + "\n")
+                fence = None
+        elif fence is not None:
+            lines.append(line)
+    return found
+
+
 def setup(name: str, readme: Path = README) -> str:
     """The set-up command that ends in SETUP[name]."""
     (match,) = [

@@ -1,13 +1,13 @@
 """Bad input: one line naming the problem and the fix, a non-zero exit within seconds,
-no traceback, and nothing written outside the run's own new dir."""
+no traceback, and nothing written outside the run's own new dir. Each case is a real CLI
+process forked after one shared import (tests/cli_forks.py)."""
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import CliResult, run_cli
+from cli_forks import Forked, run_many
 
 CASES = {
     "misspelled key": (["scaling.num_env_runnrs=1"], "did you mean num_env_runners"),
@@ -35,6 +35,15 @@ CASES = {
     "missing resume path": (
         ["resume=does/not/exist"],
         "resume path 'does/not/exist' does not exist",
+    ),
+    "missing checkpoint path": (
+        ["task=evaluate", "checkpoint=does/not/exist"],
+        "checkpoint path 'does/not/exist' does not exist",
+    ),
+    "evaluate without a checkpoint": (["task=evaluate"], "task=evaluate needs checkpoint="),
+    "export from a dir without checkpoints": (
+        ["task=export", "checkpoint=."],
+        "checkpoint path '.' holds no checkpoint",
     ),
     "unknown compile backend": (
         ["compile.backend=inductr", "compile.env_runners=true"],
@@ -122,18 +131,17 @@ CASES = {
 
 
 @pytest.fixture(scope="module")
-def refusals(tmp_path_factory) -> dict[str, tuple[Path, CliResult]]:
-    """Every case as its own CLI run in an empty dir of its own, two at a time (each is
-    mostly the interpreter importing torch, Ray and Hydra on one core)."""
-
-    def refuse(name: str, cwd: Path) -> tuple[Path, CliResult]:
-        return cwd, run_cli(cwd, *CASES[name][0], timeout=60)
-
-    # The dirs first, here: tmp_path_factory makes its base dir on first use, and two
-    # threads doing that at once can each make one (pytest then refuses the second).
+def refusals(tmp_path_factory) -> dict[str, tuple[Path, Forked]]:
+    """Every case as its own CLI run in an empty dir of its own, two at a time, forked
+    from one process that imported the runner once (tests/cli_forks.py)."""
     dirs = [tmp_path_factory.mktemp("bad_input") for _ in CASES]
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        return dict(zip(CASES, pool.map(refuse, CASES, dirs), strict=True))
+    results = run_many(
+        [
+            (cwd, [*CASES[name][0], "hydra.run.dir=run"])
+            for name, cwd in zip(CASES, dirs, strict=True)
+        ]
+    )
+    return {name: (cwd, r) for name, cwd, r in zip(CASES, dirs, results, strict=True)}
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -145,8 +153,9 @@ def test_bad_input_fails_fast_in_one_line(refusals, name):
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("error: ") and expected in lines[0], lines[0]
     assert "Traceback" not in result.stdout + result.stderr
-    assert result.seconds < 15, f"took {result.seconds:.1f} s"
-    assert set(cwd.iterdir()) <= {result.run_dir}
-    if result.run_dir.exists():
-        assert not (result.run_dir / "checkpoints").exists()
-        assert not (result.run_dir / "metrics.jsonl").exists()
+    assert result.seconds < 10, f"took {result.seconds:.1f} s after the imports"
+    run_dir = cwd / "run"
+    assert set(cwd.iterdir()) <= {run_dir}
+    if run_dir.exists():
+        assert not (run_dir / "checkpoints").exists()
+        assert not (run_dir / "metrics.jsonl").exists()

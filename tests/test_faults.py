@@ -400,6 +400,7 @@ def test_a_learner_lost_without_an_error_is_named_and_its_checkpoint_not_kept(tm
     """RLlib does not check the result of its Learner call while writing a checkpoint: a
     Learner killed right then leaves the group short with no error, the checkpoint lacks
     its state, and the next update fails with an IndexError (a CI run hit this)."""
+    environ = dict(os.environ)  # ray.init sets RAY_AUTH_MODE etc. for this process
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         config = (
@@ -432,6 +433,8 @@ def test_a_learner_lost_without_an_error_is_named_and_its_checkpoint_not_kept(tm
         algo.stop()
     finally:
         ray.shutdown()
+        os.environ.clear()  # later tests' subprocesses (`ray start`) must not inherit them
+        os.environ.update(environ)
 
 
 def test_nan_reward_stops_the_run_and_keeps_the_last_finite_checkpoint(tmp_path: Path):

@@ -61,7 +61,7 @@ WAYS: dict[str, Way] = {
         expect="preflight would fail: hardware=a100 expects an NVIDIA A100 GPU"
     ),
     "python -m runner -m compile=none,inductor_default scaling.num_env_runners=0,1": Way(
-        TINY, expect="sweep: 4 jobs, 0 failed"
+        (*TINY, *SMALL_BATCH), expect="sweep: 4 jobs, 0 failed"
     ),
     "python -m runner experiment=tuned_sac_pendulum": Way(
         (*TINY, "check.enabled=false"), expect="done (iterations 1 >= 1)"
@@ -173,7 +173,7 @@ WAYS: dict[str, Way] = {
     "python -m runner.docs docs/reproductions.md": Way(expect="refreshed docs/reproductions.md"),
     # Sweeps
     "python -m runner -m compile=none,eager stop.iterations=2 "
-    "hydra.sweep.dir=outputs/my_sweep": Way(expect="sweep: 2 jobs, 0 failed"),
+    "hydra.sweep.dir=outputs/my_sweep": Way(SMALL_BATCH, expect="sweep: 2 jobs, 0 failed"),
     "python -m runner -m hardware=cpu,a100 scaling.num_env_runners=1,2 dry_run=true": Way(
         expect="dry run: 4 jobs, 0 invalid"
     ),
@@ -181,21 +181,32 @@ WAYS: dict[str, Way] = {
     # On a Ray cluster (the block starts a real one-node cluster and stops it)
     "ray start --head --num-cpus=8": Way(("--disable-usage-stats",), expect="Ray runtime started"),
     "python -m runner ray.address=auto scaling.num_env_runners=6 stop.iterations=1": Way(
-        expect="done (iterations 1 >= 1)"
+        SMALL_BATCH, expect="done (iterations 1 >= 1)"
     ),
     "python -m runner -m hydra/launcher=joblib hydra.launcher.n_jobs=2 ray.address=auto "
     "compile=none,eager scaling.num_env_runners=2 stop.iterations=1": Way(
-        expect="sweep: 2 jobs, 0 failed"
+        SMALL_BATCH, expect="sweep: 2 jobs, 0 failed"
     ),
     "ray stop": Way(expect="Stopped"),
     # Results and resume
+    # The resumed run composes these overrides, the small batch with them.
     "python -m runner stop.iterations=2 hydra.run.dir=outputs/my_run": Way(
-        expect="done (iterations 2 >= 2)"
+        SMALL_BATCH, expect="done (iterations 2 >= 2)"
     ),
     "python -m runner resume=outputs/my_run stop.iterations=3": Way(
         expect="done (iterations 3 >= 3)"
     ),
     "tensorboard --logdir outputs": Way(expect="served the runs"),  # see serve_tensorboard
+    # Use what you trained: two small iterations, a video after the second.
+    "python -m runner record.every=10 hydra.run.dir=outputs/cartpole": Way(
+        (*SMALL_BATCH, "stop.iterations=2", "record.every=2"), expect="iterations 2 >= 2"
+    ),
+    "python -m runner task=evaluate checkpoint=outputs/cartpole task.episodes=20 "
+    "hydra.run.dir=outputs/cartpole_eval": Way(expect="evaluated 20 episodes (greedy)"),
+    "python -m runner task=evaluate checkpoint=outputs/cartpole task.video=true task.episodes=3 "
+    "hydra.run.dir=outputs/cartpole_video": Way(expect="evaluated 3 episodes (greedy)"),
+    "python -m runner task=export checkpoint=outputs/cartpole "
+    "hydra.run.dir=outputs/cartpole_onnx": Way(expect="exported DefaultPPOTorchRLModule"),
     # Runner overhead
     "python benchmarks/overhead.py --iterations 10 --repeats 3": Way(
         ("--iterations", "1", "--repeats", "1"), expect="env steps per second"

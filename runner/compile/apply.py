@@ -24,6 +24,7 @@ from ray.rllib.utils.actor_manager import RemoteCallResults
 from torch._dynamo.utils import counters
 
 from runner.compile.settings import AUTO, MODE_BACKENDS, CompileSpec
+from runner.user_code import beside
 
 ENV_RUNNER_METHODS = ("_forward_exploration", "_forward_inference")
 LEARNER_METHODS = ("_forward_train",)
@@ -228,13 +229,6 @@ def reapply(
         )
 
 
-def _beside(theirs: Callable | list[Callable] | None, ours: Callable) -> list[Callable]:
-    """The user's callback functions (from algo.callbacks), then ours: both run."""
-    if theirs is None:
-        return [ours]
-    return [*(theirs if isinstance(theirs, list) else [theirs]), ours]
-
-
 def add_to_config(config: AlgorithmConfig, spec: CompileSpec | None) -> None:
     """Compile through callbacks in every EnvRunner and Learner process, beside the user's
     own callbacks (algo.callbacks).
@@ -244,10 +238,10 @@ def add_to_config(config: AlgorithmConfig, spec: CompileSpec | None) -> None:
     if spec is None or spec.backend == AUTO:  # auto: added once the choice is made
         return
     config.callbacks(
-        on_algorithm_init=_beside(
+        on_algorithm_init=beside(
             config.callbacks_on_algorithm_init, functools.partial(apply, spec=spec)
         ),
-        on_env_runners_recreated=_beside(
+        on_env_runners_recreated=beside(
             config.callbacks_on_env_runners_recreated, functools.partial(reapply, spec=spec)
         ),
     )

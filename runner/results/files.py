@@ -26,7 +26,14 @@ import torch
 from tensorboardX import SummaryWriter
 
 # Files that mark a run dir as holding results: never written into twice.
-RESULT_FILES = ("metrics.jsonl", "summary.json", "checkpoints", "bench.json")
+RESULT_FILES = (
+    "metrics.jsonl",
+    "summary.json",
+    "checkpoints",
+    "bench.json",
+    "eval.json",
+    "policy.onnx",
+)
 
 # The headline figures of one iteration, taken from RLlib's result dict.
 HEADLINE = {

@@ -43,16 +43,23 @@ def same_plan(plan: Plan) -> Plan:
     return plan
 
 
+def same_config(config: AlgorithmConfig, settings: RunnerConfig) -> None:
+    return None
+
+
 @dataclass(frozen=True)
 class Task:
     """One kind of job. `check` raises ConfigError on bad settings (before anything is
-    built) and returns warnings; `scale_plan` turns RLlib's plan for one training run into
-    what the task starts; `run` does the work and writes its files into the run dir."""
+    built) and returns warnings; `configure` changes the AlgorithmConfig for what the task
+    runs (before RLlib's plan is taken from it); `scale_plan` turns RLlib's plan for one
+    training run into what the task starts; `run` does the work and writes its files into
+    the run dir."""
 
     name: str
     settings: type[TaskSettings]
     run: Callable[[TaskRun], None]
     check: Callable[[RunnerConfig, CompileSpec | None], list[str]] = no_warnings
+    configure: Callable[[AlgorithmConfig, RunnerConfig], None] = same_config
     scale_plan: Callable[[Plan], Plan] = same_plan
     # False for a task that starts no actor (it then needs no Ray of its own).
     needs_ray: bool = True
@@ -60,3 +67,6 @@ class Task:
     compile_auto: bool = False
     # False for a task that compiles nothing itself (the compile group is not read).
     uses_compile: bool = True
+    # True for a task that reads a trained checkpoint (task.checkpoint, spelled
+    # `checkpoint=` on the command line): its run's config is composed as resume= does.
+    reads_checkpoint: bool = False

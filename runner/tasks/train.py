@@ -2,8 +2,9 @@
 
 Each iteration is printed, appended to metrics.jsonl and TensorBoard, checked for
 non-finite losses and returns (runner/guard.py) and checkpointed every `checkpoint.every`
-iterations (whole or not at all: runner/results/checkpoints.py); the end writes a final
-checkpoint and summary.json. A signal, a stall (runner/shutdown.py), a non-finite value
+iterations (whole or not at all: runner/results/checkpoints.py), and with `record.every`
+an episode is recorded to videos/ (runner/video.py); the end writes a final checkpoint
+and summary.json. A signal, a stall (runner/shutdown.py), a non-finite value
 or a crash ends the run the same way, with summary.json's `status` saying which and the
 checkpoints that finished kept. With compile on the EnvRunners, every iteration (after the
 weight sync) replays each compiled module's last input through compiled and eager code:
@@ -23,7 +24,7 @@ from typing import Any
 import ray
 from ray.rllib.algorithms.algorithm import Algorithm
 
-from runner import guard
+from runner import guard, video
 from runner.check import Check
 from runner.compile import report as compile_report
 from runner.compile.settings import CompileSpec, compiled_on_cpu, cuda_graph_warning
@@ -110,6 +111,13 @@ def check(settings: RunnerConfig, spec: CompileSpec | None) -> list[str]:
         raise ConfigError("shutdown.grace_seconds must be 0 or more")
     if watchdog.seconds is not None and watchdog.seconds <= 0:
         raise ConfigError("watchdog.seconds must be more than 0 (or null for the default bound)")
+    if settings.record.every < 0 or settings.record.episodes < 1:
+        raise ConfigError(
+            f"record.every={settings.record.every} (0: no video) and record.episodes="
+            f"{settings.record.episodes} (at least 1) are out of range"
+        )
+    if settings.record.every:
+        video.check_renders(settings.env)
     warning = cuda_graph_warning(spec, compiled_on_cpu(spec, settings.scaling))
     return [warning] if warning else []
 
@@ -241,6 +249,16 @@ def after_iteration(
     every = settings.checkpoint.every
     if every and algo.iteration % every == 0:
         save_checkpoint(algo, run, progress)
+    record = settings.record
+    if record.every and algo.iteration % record.every == 0:
+        video.record(
+            algo.config,
+            algo.env_runner.get_state(),
+            run.run_dir / "videos",
+            record.episodes,
+            record.explore,
+            f"iter_{algo.iteration:06d}",
+        )
     return (
         progress.check.update(flat, row["env_steps"] or 0, seconds)
         or stop_reason(settings.stop, row, seconds)

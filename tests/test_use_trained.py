@@ -1,0 +1,279 @@
+"""Use what you trained, for real: tiny CartPole PPO and Pendulum SAC runs, then
+task=evaluate (eval.json agrees with episodes.csv and with RLlib's own mean), videos
+decoded back with the library that wrote them (during training with record.every, and
+after evaluation), task=export (parity at batch 1 and 16, and the README's
+onnxruntime-only script acts as the torch module does), and the bad input of each."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import gymnasium as gym
+import imageio.v2 as imageio
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+from cli_forks import run_many
+from conftest import TINY, run_cli
+from ray.rllib.algorithms.dqn import DQNConfig
+from ray.rllib.core.columns import Columns
+from readme import python_blocks
+
+from runner import trained
+from runner.results import checkpoints
+from runner.tasks import export
+
+TESTS = Path(__file__).resolve().parent
+FAULTY = "faulty_env:FaultyCartPole"  # made without a render mode: it draws no frames
+WITH_TESTS = {"PYTHONPATH": str(TESTS)}  # faulty_env and exotic_module are imported from here
+# SAC on Pendulum, small enough for a few seconds an iteration: learning starts at once.
+TINY_SAC = (
+    "algo=sac",
+    "env=pendulum",
+    "algo.training.num_steps_sampled_before_learning_starts=0",
+    "+algo.reporting.min_sample_timesteps_per_iteration=200",
+    "stop.episode_return_mean=null",
+)
+
+
+def _train(tmp_path_factory, name: str, *overrides: str) -> Path:
+    cwd = tmp_path_factory.mktemp(name)
+    result = run_cli(cwd, *overrides, "checkpoint.every=0", env=WITH_TESTS)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.run_dir
+
+
+@pytest.fixture(scope="module")
+def cartpole(tmp_path_factory) -> Path:
+    return _train(tmp_path_factory, "cartpole", *TINY, "stop.iterations=2")
+
+
+@pytest.fixture(scope="module")
+def pendulum(tmp_path_factory) -> Path:
+    """Two SAC iterations recording one greedy episode after the second (record.every)."""
+    return _train(tmp_path_factory, "pendulum", *TINY_SAC, "stop.iterations=2", "record.every=2")
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+def _frames(video: Path) -> tuple[np.ndarray, int]:
+    reader = imageio.get_reader(video, format="FFMPEG")
+    try:
+        return reader.get_data(0), reader.count_frames()
+    finally:
+        reader.close()
+
+
+def test_evaluate_figures_agree_with_episodes_and_the_video_plays(cartpole: Path, tmp_path: Path):
+    result = run_cli(
+        tmp_path,
+        "task=evaluate",
+        f"checkpoint={cartpole}",
+        "task.episodes=6",
+        "task.video=true",
+        "task.video_episodes=2",
+        "scaling.num_env_runners=2",  # two remote evaluation EnvRunners, 3 episodes each
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = result.json("eval.json")
+    rows = _rows(result.run_dir / "episodes.csv")
+    returns = [float(r["episode_return"]) for r in rows]
+    assert found["episodes"] == len(rows) == 6
+    assert {r["env_runner"] for r in rows} == {"1", "2"}
+    assert found["episode_return_mean"] == pytest.approx(np.mean(returns))
+    assert found["episode_return_std"] == pytest.approx(np.std(returns))
+    assert (found["episode_return_min"], found["episode_return_max"]) == (
+        min(returns),
+        max(returns),
+    )
+    assert found["episode_len_mean"] == pytest.approx(
+        np.mean([int(r["episode_len"]) for r in rows])
+    )
+    assert found["rllib_episode_return_mean"] == pytest.approx(found["episode_return_mean"])
+    assert returns == [float(r["episode_len"]) for r in rows]  # CartPole: 1 per step
+    assert found["checkpoint"] == str(checkpoints.latest(cartpole).resolve())
+    assert found["explore"] is False and found["seed"] == 0
+    mean = found["episode_return_mean"]
+    assert f"evaluated 6 episodes (greedy) of CartPole-v1: return {mean:.2f}" in result.stdout
+    videos = sorted((result.run_dir / "videos").glob("eval-episode-*.mp4"))
+    assert [v.name for v in videos] == ["eval-episode-0.mp4", "eval-episode-1.mp4"]
+    frame, count = _frames(videos[0])
+    assert frame.shape == (400, 600, 3) and frame.std() > 0  # CartPole's drawing, not blank
+    assert count >= 2
+    strip = imageio.imread(result.run_dir / "videos" / "eval-strip.png")
+    assert strip.shape[0] == 120 and strip.shape[1] > 120
+
+
+def test_training_records_an_episode_every_n_iterations(pendulum: Path):
+    videos = sorted((pendulum / "videos").glob("*.mp4"))
+    assert [v.name for v in videos] == ["iter_000002-episode-0.mp4"]
+    frame, count = _frames(videos[0])
+    assert frame.shape == (500, 500, 3)
+    assert count >= 200  # one whole Pendulum episode: 200 steps (and the reset's frame)
+
+
+def test_evaluate_pendulum_sac(pendulum: Path, tmp_path: Path):
+    result = run_cli(tmp_path, "task=evaluate", f"checkpoint={pendulum}", "task.episodes=2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = result.json("eval.json")
+    rows = _rows(result.run_dir / "episodes.csv")
+    assert found["episodes"] == len(rows) == 2 and found["algo"] == "SAC"
+    assert [int(r["episode_len"]) for r in rows] == [200, 200]
+    assert found["episode_return_mean"] == pytest.approx(
+        np.mean([float(r["episode_return"]) for r in rows])
+    )
+
+
+def _torch_outputs(checkpoint: Path, obs: np.ndarray) -> dict[str, np.ndarray]:
+    module = next(iter(trained.load_modules(checkpoint).values()))
+    with torch.no_grad():
+        out = module.forward_inference({Columns.OBS: torch.from_numpy(obs)})
+    return {k: v.numpy() for k, v in out.items()}
+
+
+def test_export_cartpole_parity_and_the_readme_script(cartpole: Path, tmp_path: Path):
+    result = run_cli(tmp_path, "task=export", f"checkpoint={cartpole}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    policy = result.json("policy.json")
+    gaps = policy["parity"]["max_abs_diff"]
+    assert set(gaps) == {"1", "16"} and max(gaps.values()) <= 1e-5
+    assert policy["input"] == {"name": "obs", "dtype": "float32", "shape": ["batch", 4]}
+    assert policy["outputs"] == [{"name": "action_dist_inputs", "shape": ["batch", 2]}]
+    assert policy["action"]["greedy"] == "argmax(action_dist_inputs, axis=-1)"
+    assert policy["action_space"] == {"type": "Discrete", "dtype": "int64", "n": 2, "start": 0}
+    assert "exported DefaultPPOTorchRLModule" in result.stdout
+    # The README's script, with onnxruntime alone, against the torch module.
+    (script,) = python_blocks("Use what you trained")
+    (result.run_dir / "act.py").write_text(script)
+    rng = np.random.default_rng(0)
+    observations = rng.uniform(-0.2, 0.2, size=(8, 4)).astype(np.float32)
+    greedy = _torch_outputs(checkpoints.latest(cartpole), observations)["action_dist_inputs"]
+    for obs, logits in zip(observations, greedy, strict=True):
+        proc = subprocess.run(
+            [sys.executable, "-I", "act.py", json.dumps(obs.tolist())],
+            cwd=result.run_dir,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert int(proc.stdout.strip()) == int(np.argmax(logits))
+
+
+def test_export_pendulum_sac_parity(pendulum: Path, tmp_path: Path):
+    result = run_cli(tmp_path, "task=export", f"checkpoint={pendulum}", "task.batch_sizes=[1,16]")
+    assert result.returncode == 0, result.stderr[-3000:]
+    policy = result.json("policy.json")
+    assert max(policy["parity"]["max_abs_diff"].values()) <= 1e-5
+    assert policy["action"]["distribution"] == "TorchSquashedGaussian"
+    assert policy["action"]["greedy"] == "tanh(action_dist_inputs[:, :1])"
+    assert policy["action"]["to_env"].startswith("clip(low + (a + 1) * (high - low) / 2")
+    assert policy["action_space"]["low"] == [-2.0] and policy["action_space"]["high"] == [2.0]
+    session = ort.InferenceSession(str(result.run_dir / "policy.onnx"))
+    obs = np.array([[1.0, 0.0, 0.5], [0.0, 1.0, -0.5]], dtype=np.float32)
+    (ours,) = session.run(None, {"obs": obs})
+    theirs = _torch_outputs(checkpoints.latest(pendulum), obs)["action_dist_inputs"]
+    assert np.max(np.abs(ours - theirs)) <= 1e-5
+
+
+BAD = {
+    "another env's observations": (
+        ["task=evaluate", "env=pendulum"],
+        "the checkpoint's policy was trained on observations Box((4,)), but env.id=Pendulum-v1"
+        " gives Box((3,))",
+    ),
+    "export for another env": (
+        ["task=export", "env=pendulum"],
+        "trained on observations Box((4,)), but env.id=Pendulum-v1 gives Box((3,))",
+    ),
+    "video of an env that cannot draw": (
+        [
+            "task=evaluate",
+            "task.video=true",
+            "env.id=null",
+            "env.entry_point=faulty_env:FaultyCartPole",
+        ],
+        f"env.entry_point={FAULTY} cannot render 'rgb_array' frames",
+    ),
+    "a checkpoint dir that is not one": (
+        ["task=evaluate", "checkpoint=CHECKPOINT/learner_group"],
+        "holds no checkpoint",
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def exotic(tmp_path_factory) -> Path:
+    """A run whose module uses erfinv, which the ONNX exporter cannot convert."""
+    return _train(
+        tmp_path_factory,
+        "exotic",
+        *TINY,
+        "stop.iterations=1",
+        "scaling.num_env_runners=0",
+        "+algo.rl_module.rl_module_spec._target_=ray.rllib.core.rl_module.RLModuleSpec",
+        "+algo.rl_module.rl_module_spec.module_class=exotic_module:ErfinvPPOModule",
+    )
+
+
+def test_bad_input_for_trained_policies(cartpole: Path, exotic: Path, tmp_path: Path):
+    """One line each, exit 2, within seconds; nothing written beside the new run dir."""
+    cases = {
+        **BAD,
+        "a module ONNX cannot express": (
+            ["task=export", f"checkpoint={exotic}"],
+            "ErfinvPPOModule cannot be exported to ONNX",
+        ),
+    }
+    latest = str(checkpoints.latest(cartpole))
+    runs = []
+    for name, (args, _) in cases.items():
+        cwd = tmp_path / name.replace(" ", "_").replace("'", "")
+        cwd.mkdir()
+        args = [a.replace("CHECKPOINT", latest) for a in args]
+        if not any(a.startswith("checkpoint=") for a in args):
+            args.append(f"checkpoint={cartpole}")
+        runs.append((cwd, [*args, "hydra.run.dir=run"]))
+    results = run_many(runs, env=WITH_TESTS)
+    for (name, (_, expected)), (cwd, _), result in zip(cases.items(), runs, results, strict=True):
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 2, (name, result.stderr[-2000:])
+        assert len(lines) == 1 and expected in lines[0], (name, lines)
+        assert "Traceback" not in result.stdout + result.stderr, name
+        assert result.seconds < 10, (name, result.seconds)
+        assert set(cwd.iterdir()) <= {cwd / "run"}, name
+        assert not (cwd / "run" / "policy.onnx").exists(), name
+        assert not list((cwd / "run").glob(".policy.onnx.tmp")), name
+
+
+class _NanMean(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.nanmean(dim=-1, keepdim=True)
+
+
+def test_dueling_dqn_exports_through_the_nanmean_conversion(tmp_path: Path):
+    """RLlib's dueling DQN head averages with nanmean, which torch's exporter lacks: the
+    export's own conversion matches torch, NaNs included, and the DQN module exports."""
+    x = torch.tensor([[1.0, float("nan"), 3.0], [2.0, 4.0, 9.0]])
+    export.add_onnx_conversions()
+    path = str(tmp_path / "nanmean.onnx")
+    torch.onnx.export(_NanMean(), (x,), path, dynamo=False, input_names=["x"])
+    (ours,) = ort.InferenceSession(path).run(None, {"x": x.numpy()})
+    assert np.array_equal(ours, _NanMean()(x).numpy()) and np.array_equal(ours, [[2.0], [5.0]])
+
+    env = gym.make("CartPole-v1")
+    spec = DQNConfig().environment("CartPole-v1").get_rl_module_spec(env=env)
+    spec.observation_space, spec.action_space = env.observation_space, env.action_space
+    forward = export.InferenceForward(spec.build().eval(), ["actions"])
+    obs = np.random.default_rng(0).normal(size=(16, 4)).astype(np.float32)
+    export._export(forward, torch.from_numpy(obs[:1]), tmp_path / "dqn.onnx", None)
+    session = ort.InferenceSession(str(tmp_path / "dqn.onnx"))
+    assert export.parity(forward, session, obs, [1, 16]) == {"1": 0.0, "16": 0.0}
