@@ -62,15 +62,18 @@ def env_to_module(config: AlgorithmConfig, env: EnvConfig) -> tuple[ConnectorV2,
     return config.build_env_to_module_connector(spaces=spaces), act
 
 
-def check_fits(modules: MultiRLModule, config: AlgorithmConfig, env: EnvConfig) -> None:
-    """One line if the (single-agent) policy was trained on other observations or actions."""
+def check_fits(
+    modules: MultiRLModule, config: AlgorithmConfig, env: EnvConfig
+) -> ConnectorV2 | None:
+    """One line if the (single-agent) policy was trained on other observations or actions;
+    else the env-to-module pipeline it was checked through (None for multi-agent runs,
+    whose modules get their spaces from the policies' own mapping)."""
     if config.is_multi_agent:
-        return  # each module's spaces come from the policies' own mapping
+        return None
     module = next(iter(modules.values()))
     pipeline, act = env_to_module(config, env)
-    obs = pipeline.observation_space
     for what, theirs, ours in (
-        ("observations", module.observation_space, obs),
+        ("observations", module.observation_space, pipeline.observation_space),
         ("actions", module.action_space, act),
     ):
         if not _same_kind(theirs, ours):
@@ -79,3 +82,4 @@ def check_fits(modules: MultiRLModule, config: AlgorithmConfig, env: EnvConfig) 
                 f"{setting(env)} gives {_describe(ours)}: use the env it was trained on "
                 "(its run's env is composed unless this command overrides env)"
             )
+    return pipeline

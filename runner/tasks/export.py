@@ -24,6 +24,7 @@ import numpy as np
 import onnxruntime as ort
 import torch
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+from ray.rllib.connectors.connector_v2 import ConnectorV2
 from ray.rllib.core.columns import Columns
 from ray.rllib.core.rl_module.rl_module import RLModule
 from torch.onnx import symbolic_helper
@@ -209,7 +210,7 @@ def to_action(module: RLModule, outputs: list[str], config: AlgorithmConfig) -> 
     return {"distribution": dist, **steps, "to_env": to_env}
 
 
-def describe_env(settings: RunnerConfig, config: AlgorithmConfig) -> dict[str, Any]:
+def describe_env(settings: RunnerConfig, pipeline: ConnectorV2) -> dict[str, Any]:
     """What makes an observation: the env, its wrappers, the EnvRunner's connectors."""
     env = settings.env
     found: dict[str, Any] = {"id": env.id, "entry_point": env.entry_point}
@@ -220,7 +221,6 @@ def describe_env(settings: RunnerConfig, config: AlgorithmConfig) -> dict[str, A
             f"(env, framestack={env.framestack}): 64x64 grayscale frames scaled to [0, 1], "
             f"frameskip 4, the last {env.framestack} frames stacked on the last axis"
         )
-    pipeline, _ = trained.env_to_module(config, env)
     found["env_to_module"] = [type(piece).__name__ for piece in pipeline.connectors]
     return found
 
@@ -230,13 +230,14 @@ def run(run: TaskRun) -> None:
     task: ExportSettings = settings.task  # type: ignore[assignment]
     assert run.checkpoint is not None  # app.run resolves checkpoint= before the task runs
     modules = trained.load_modules(run.checkpoint)
-    if len(modules) != 1:
-        raise ConfigError(
-            f"task=export writes one policy; this checkpoint holds {len(modules)} modules "
-            f"({', '.join(modules.keys())}): multi-agent export is not supported"
-        )
     config = run.config
-    trained.check_fits(modules, config, settings.env)
+    pipeline = trained.check_fits(modules, config, settings.env)
+    if pipeline is None or len(modules) != 1:
+        raise ConfigError(
+            f"task=export writes one single-agent policy; this checkpoint holds "
+            f"{len(modules)} module(s) ({', '.join(modules.keys())}) of a multi-agent run: "
+            "multi-agent export is not supported"
+        )
     module_id, module = next(iter(modules.items()))
     module.eval()
     obs = observations(config, settings, module, max(task.batch_sizes))
@@ -274,7 +275,7 @@ def run(run: TaskRun) -> None:
             "observation_space": describe_space(module.observation_space),
             "action_space": describe_space(module.action_space),
             "action": to_action(module, outputs, config),
-            "env": describe_env(settings, config),
+            "env": describe_env(settings, pipeline),
             "parity": {"max_abs_diff": gaps, "tolerance": task.tolerance},
             "export_seconds": export_seconds,
             "checkpoint": str(run.checkpoint.resolve()),
