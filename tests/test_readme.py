@@ -180,8 +180,9 @@ WAYS: dict[str, Way] = {
     "python -m runner.sweep outputs/my_sweep": Way(expect="2 jobs, 0 failed."),
     # On a Ray cluster (the block starts a real one-node cluster and stops it)
     "ray start --head --num-cpus=8": Way(("--disable-usage-stats",), expect="Ray runtime started"),
+    # Two of the six EnvRunners: the same remote placement on this 2-core machine.
     "python -m runner ray.address=auto scaling.num_env_runners=6 stop.iterations=1": Way(
-        SMALL_BATCH, expect="done (iterations 1 >= 1)"
+        (*SMALL_BATCH, "scaling.num_env_runners=2"), expect="done (iterations 1 >= 1)"
     ),
     "python -m runner -m hydra/launcher=joblib hydra.launcher.n_jobs=2 ray.address=auto "
     "compile=none,eager scaling.num_env_runners=2 stop.iterations=1": Way(
@@ -197,12 +198,15 @@ WAYS: dict[str, Way] = {
         expect="done (iterations 3 >= 3)"
     ),
     "tensorboard --logdir outputs": Way(expect="served the runs"),  # see serve_tensorboard
-    # Use what you trained: two small iterations, a video after the second.
+    # Use what you trained (run by tests/test_use_trained.py, which checks what each wrote):
+    # two small iterations, a video after the second; two remote evaluation EnvRunners.
     "python -m runner record.every=10 hydra.run.dir=outputs/cartpole": Way(
         (*SMALL_BATCH, "stop.iterations=2", "record.every=2"), expect="iterations 2 >= 2"
     ),
     "python -m runner task=evaluate checkpoint=outputs/cartpole task.episodes=20 "
-    "hydra.run.dir=outputs/cartpole_eval": Way(expect="evaluated 20 episodes (greedy)"),
+    "hydra.run.dir=outputs/cartpole_eval": Way(
+        ("scaling.num_env_runners=2",), expect="evaluated 20 episodes (greedy)"
+    ),
     "python -m runner task=evaluate checkpoint=outputs/cartpole task.video=true task.episodes=3 "
     "hydra.run.dir=outputs/cartpole_video": Way(expect="evaluated 3 episodes (greedy)"),
     "python -m runner task=export checkpoint=outputs/cartpole "
@@ -214,8 +218,10 @@ WAYS: dict[str, Way] = {
 }
 
 COMMANDS = commands()
+# Sections whose commands another test runs (with run_block), then checks what they wrote.
+RUN_ELSEWHERE = {"Use what you trained": "tests/test_use_trained.py"}
 BLOCKS = sorted(
-    {(c.section, c.block) for c in COMMANDS},
+    {(c.section, c.block) for c in COMMANDS if c.section not in RUN_ELSEWHERE},
     key=lambda b: COMMANDS.index(next(c for c in COMMANDS if (c.section, c.block) == b)),
 )
 

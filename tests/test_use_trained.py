@@ -1,8 +1,9 @@
-"""Use what you trained, for real: tiny CartPole PPO and Pendulum SAC runs, then
-task=evaluate (eval.json agrees with episodes.csv and with RLlib's own mean), videos
-decoded back with the library that wrote them (during training with record.every, and
-after evaluation), task=export (parity at batch 1 and 16, and the README's
-onnxruntime-only script acts as the torch module does), and the bad input of each."""
+"""Use what you trained, for real. The README's "Use what you trained" commands run here
+(tiny CartPole PPO training with record.every, evaluate on two remote EnvRunners, evaluate
+with video, export), and a tiny Pendulum SAC run is evaluated and exported. Checked:
+eval.json against episodes.csv and RLlib's own mean, videos decoded back with the library
+that wrote them, export parity at batch 1 and 16, the README's onnxruntime-only script
+against the torch module, and the bad input of each."""
 
 from __future__ import annotations
 
@@ -22,13 +23,15 @@ from cli_forks import run_many
 from conftest import TINY, run_cli
 from ray.rllib.algorithms.dqn import DQNConfig
 from ray.rllib.core.columns import Columns
-from readme import python_blocks
+from readme import commands, python_blocks
+from test_readme import run_block
 
 from runner import trained
 from runner.results import checkpoints
 from runner.tasks import export
 
 TESTS = Path(__file__).resolve().parent
+README_SECTION = "Use what you trained"
 FAULTY = "faulty_env:FaultyCartPole"  # made without a render mode: it draws no frames
 WITH_TESTS = {"PYTHONPATH": str(TESTS)}  # faulty_env and exotic_module are imported from here
 # SAC on Pendulum, small enough for a few seconds an iteration: learning starts at once.
@@ -49,8 +52,17 @@ def _train(tmp_path_factory, name: str, *overrides: str) -> Path:
 
 
 @pytest.fixture(scope="module")
-def cartpole(tmp_path_factory) -> Path:
-    return _train(tmp_path_factory, "cartpole", *TINY, "stop.iterations=2")
+def readme_outputs(tmp_path_factory) -> Path:
+    """The README's "Use what you trained" commands, run as test_readme runs every block
+    (tiny training, two remote evaluation EnvRunners): train, evaluate, video, export."""
+    cwd = tmp_path_factory.mktemp("readme")
+    run_block([c.text for c in commands() if c.section == README_SECTION], cwd)
+    return cwd / "outputs"
+
+
+@pytest.fixture(scope="module")
+def cartpole(readme_outputs: Path) -> Path:
+    return readme_outputs / "cartpole"
 
 
 @pytest.fixture(scope="module")
@@ -72,44 +84,39 @@ def _frames(video: Path) -> tuple[np.ndarray, int]:
         reader.close()
 
 
-def test_evaluate_figures_agree_with_episodes_and_the_video_plays(cartpole: Path, tmp_path: Path):
-    result = run_cli(
-        tmp_path,
-        "task=evaluate",
-        f"checkpoint={cartpole}",
-        "task.episodes=6",
-        "task.video=true",
-        "task.video_episodes=2",
-        "scaling.num_env_runners=2",  # two remote evaluation EnvRunners, 3 episodes each
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    found = result.json("eval.json")
-    rows = _rows(result.run_dir / "episodes.csv")
+def test_evaluate_figures_agree_with_episodes_and_the_video_plays(
+    readme_outputs: Path, cartpole: Path
+):
+    run_dir = readme_outputs / "cartpole_eval"
+    found = json.loads((run_dir / "eval.json").read_text())
+    rows = _rows(run_dir / "episodes.csv")
     returns = [float(r["episode_return"]) for r in rows]
-    assert found["episodes"] == len(rows) == 6
-    assert {r["env_runner"] for r in rows} == {"1", "2"}
+    assert found["episodes"] == len(rows) == 20
+    assert {r["env_runner"] for r in rows} == {"1", "2"}  # 10 each, remote
     assert found["episode_return_mean"] == pytest.approx(np.mean(returns))
     assert found["episode_return_std"] == pytest.approx(np.std(returns))
-    assert (found["episode_return_min"], found["episode_return_max"]) == (
-        min(returns),
-        max(returns),
-    )
-    assert found["episode_len_mean"] == pytest.approx(
-        np.mean([int(r["episode_len"]) for r in rows])
-    )
+    assert found["episode_return_min"] == min(returns)
+    assert found["episode_return_max"] == max(returns)
+    lengths = [int(r["episode_len"]) for r in rows]
+    assert found["episode_len_mean"] == pytest.approx(np.mean(lengths))
     assert found["rllib_episode_return_mean"] == pytest.approx(found["episode_return_mean"])
-    assert returns == [float(r["episode_len"]) for r in rows]  # CartPole: 1 per step
+    assert returns == [float(n) for n in lengths]  # CartPole: 1 per step
     assert found["checkpoint"] == str(checkpoints.latest(cartpole).resolve())
-    assert found["explore"] is False and found["seed"] == 0
-    mean = found["episode_return_mean"]
-    assert f"evaluated 6 episodes (greedy) of CartPole-v1: return {mean:.2f}" in result.stdout
-    videos = sorted((result.run_dir / "videos").glob("eval-episode-*.mp4"))
-    assert [v.name for v in videos] == ["eval-episode-0.mp4", "eval-episode-1.mp4"]
+    assert found["explore"] is False and found["seed"] == 0 and found["videos"] == []
+    # The video command: 3 episodes evaluated, then one recorded, and its strip.
+    watched = readme_outputs / "cartpole_video"
+    assert json.loads((watched / "eval.json").read_text())["episodes"] == 3
+    videos = sorted((watched / "videos").glob("eval-episode-*.mp4"))
+    assert [v.name for v in videos] == ["eval-episode-0.mp4"]
     frame, count = _frames(videos[0])
     assert frame.shape == (400, 600, 3) and frame.std() > 0  # CartPole's drawing, not blank
     assert count >= 2
-    strip = imageio.imread(result.run_dir / "videos" / "eval-strip.png")
+    strip = imageio.imread(watched / "videos" / "eval-strip.png")
     assert strip.shape[0] == 120 and strip.shape[1] > 120
+    # record.every=2 in training: the second iteration's episode.
+    (trained_video,) = (cartpole / "videos").glob("*.mp4")
+    assert trained_video.name == "iter_000002-episode-0.mp4"
+    assert _frames(trained_video)[0].shape == (400, 600, 3)
 
 
 def test_training_records_an_episode_every_n_iterations(pendulum: Path):
@@ -139,27 +146,26 @@ def _torch_outputs(checkpoint: Path, obs: np.ndarray) -> dict[str, np.ndarray]:
     return {k: v.numpy() for k, v in out.items()}
 
 
-def test_export_cartpole_parity_and_the_readme_script(cartpole: Path, tmp_path: Path):
-    result = run_cli(tmp_path, "task=export", f"checkpoint={cartpole}")
-    assert result.returncode == 0, result.stderr[-3000:]
-    policy = result.json("policy.json")
+def test_export_cartpole_parity_and_the_readme_script(readme_outputs: Path, cartpole: Path):
+    run_dir = readme_outputs / "cartpole_onnx"
+    policy = json.loads((run_dir / "policy.json").read_text())
     gaps = policy["parity"]["max_abs_diff"]
     assert set(gaps) == {"1", "16"} and max(gaps.values()) <= 1e-5
     assert policy["input"] == {"name": "obs", "dtype": "float32", "shape": ["batch", 4]}
     assert policy["outputs"] == [{"name": "action_dist_inputs", "shape": ["batch", 2]}]
     assert policy["action"]["greedy"] == "argmax(action_dist_inputs, axis=-1)"
     assert policy["action_space"] == {"type": "Discrete", "dtype": "int64", "n": 2, "start": 0}
-    assert "exported DefaultPPOTorchRLModule" in result.stdout
+    assert policy["observation_space"]["high"][1] == "inf"  # JSON has no infinity
     # The README's script, with onnxruntime alone, against the torch module.
-    (script,) = python_blocks("Use what you trained")
-    (result.run_dir / "act.py").write_text(script)
+    (script,) = python_blocks(README_SECTION)
+    (run_dir / "act.py").write_text(script)
     rng = np.random.default_rng(0)
     observations = rng.uniform(-0.2, 0.2, size=(8, 4)).astype(np.float32)
     greedy = _torch_outputs(checkpoints.latest(cartpole), observations)["action_dist_inputs"]
     for obs, logits in zip(observations, greedy, strict=True):
         proc = subprocess.run(
             [sys.executable, "-I", "act.py", json.dumps(obs.tolist())],
-            cwd=result.run_dir,
+            cwd=run_dir,
             capture_output=True,
             text=True,
             timeout=60,
