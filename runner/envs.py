@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 from ray.rllib.env.env_context import EnvContext
 from ray.rllib.env.multi_agent_env import MultiAgentEnv
 
@@ -118,3 +119,19 @@ def make_env(maker: Any, env_config: dict, where: str) -> gym.Env | MultiAgentEn
             "RLlib MultiAgentEnv"
         )
     return built
+
+
+def random_rollout(env: Any, seed: int | None, n: int) -> dict[str, np.ndarray]:
+    """n real transitions of the env, random actions: what a batch is made of."""
+    env.action_space.seed(seed)
+    obs, _ = env.reset(seed=seed)
+    columns: dict[str, list] = {c: [] for c in ("obs", "next", "action", "reward", "done")}
+    for _ in range(n):
+        action = env.action_space.sample()
+        next_obs, reward, terminated, truncated, _ = env.step(action)
+        for column, value in zip(
+            columns.values(), (obs, next_obs, action, reward, terminated), strict=True
+        ):
+            column.append(value)
+        obs = env.reset()[0] if terminated or truncated else next_obs
+    return {name: np.asarray(values) for name, values in columns.items()}

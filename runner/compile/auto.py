@@ -46,7 +46,7 @@ from runner.compile.settings import (
     available_backends,
     ipex_problem,
 )
-from runner.envs import make_env
+from runner.envs import make_env, random_rollout
 from runner.errors import ConfigError, did_you_mean, one_line
 from runner.preflight import cpu_model
 from runner.results.files import write_json
@@ -216,22 +216,6 @@ def check(settings: RunnerConfig, kinds: list[str] | None = None) -> None:
         ) from ex
 
 
-def _rollout(env: Any, seed: int | None, n: int) -> dict[str, np.ndarray]:
-    """n real transitions of the env, random actions: what a batch is made of."""
-    env.action_space.seed(seed)
-    obs, _ = env.reset(seed=seed)
-    columns: dict[str, list] = {c: [] for c in ("obs", "next", "action", "reward", "done")}
-    for _ in range(n):
-        action = env.action_space.sample()
-        next_obs, reward, terminated, truncated, _ = env.step(action)
-        for column, value in zip(
-            columns.values(), (obs, next_obs, action, reward, terminated), strict=True
-        ):
-            column.append(value)
-        obs = env.reset()[0] if terminated or truncated else next_obs
-    return {name: np.asarray(values) for name, values in columns.items()}
-
-
 def module_and_batch(
     config: AlgorithmConfig, comp: Component
 ) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
@@ -240,7 +224,7 @@ def module_and_batch(
     try:
         spec = config.get_rl_module_spec(env=env, inference_only=comp.kind == "env_runners")
         module = spec.build().to(comp.device)
-        data = _rollout(env, config.seed, comp.batch_size)
+        data = random_rollout(env, config.seed, comp.batch_size)
     finally:
         env.close()
 

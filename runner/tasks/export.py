@@ -32,7 +32,7 @@ from torch.onnx import symbolic_helper
 from runner import trained
 from runner.compile.settings import CompileSpec
 from runner.console import console
-from runner.envs import make_env, setting
+from runner.envs import make_env, random_rollout, setting
 from runner.errors import ConfigError, RunnerError
 from runner.results.files import versions, write_json
 from runner.schema import RunnerConfig, TaskSettings
@@ -88,15 +88,7 @@ def observations(config: AlgorithmConfig, settings: RunnerConfig, module: RLModu
     try:
         if env.observation_space.shape != space.shape:
             return np.stack([space.sample() for _ in range(n)]).astype(np.float32)
-        env.action_space.seed(0)
-        obs, _ = env.reset(seed=0)
-        found = []
-        while len(found) < n:
-            found.append(obs)
-            obs, _, terminated, truncated, _ = env.step(env.action_space.sample())
-            if terminated or truncated:
-                obs, _ = env.reset()
-        return np.stack(found).astype(np.float32)
+        return random_rollout(env, 0, n)["obs"].astype(np.float32)
     finally:
         env.close()
 
