@@ -30,11 +30,11 @@ from runner.console import console
 from runner.errors import ConfigError, PreflightError
 from runner.plan import Plan, make_plan
 from runner.ray_session import import_py_modules_here, quiet_ray, start_ray
-from runner.results import checkpoints
+from runner.results import checkpoints, tracking
 from runner.results.files import RESULT_FILES, json_safe, versions, write_json
-from runner.resume import OVERRIDES_FILE, compose_for_resume
+from runner.resume import OVERRIDES_FILE, SEARCH_DIR, compose_for_resume
 from runner.schema import RunnerConfig, typed
-from runner.shutdown import install_default
+from runner.shutdown import Interrupted, install_default
 from runner.tasks.base import Task, TaskRun
 
 log = logging.getLogger("runner")
@@ -70,7 +70,7 @@ def prepare(cfg: DictConfig) -> Prepared:
     warnings += task.check(settings, spec)
     config = build_algorithm_config(settings, spec)
     task.configure(config, settings)
-    plan = task.scale_plan(make_plan(config))
+    plan = task.scale_plan(make_plan(config), settings)
     return Prepared(settings, task, spec, warnings, config, plan)
 
 
@@ -155,6 +155,11 @@ def run(cfg: DictConfig, start_time: float, attempt: Path | None = None) -> dict
 
     job = prepare(cfg)
     settings = job.settings
+    if checkpoint is not None and (checkpoint.name == SEARCH_DIR) != (job.task.resumes == "search"):
+        raise ConfigError(
+            f"task={job.task.name} cannot continue {checkpoint}: resume= a task=tune run dir "
+            "continues that search (task=tune), a training run dir continues training"
+        )
     if settings.ray.address:
         start_ray(settings.ray, settings.compile.cache_dir)
         resources = preflight.cluster_resources(settings.ray.address)
@@ -181,8 +186,31 @@ def run(cfg: DictConfig, start_time: float, attempt: Path | None = None) -> dict
         return {**totals, "preflight_problems": report.problems}
     if not report.ok:
         raise PreflightError("; ".join(report.problems))
-    spec, auto = job.spec, None
-    if spec is not None and spec.backend == AUTO:  # measured before Ray takes the CPUs
+    tracker = tracking.start(settings, cfg, run_dir) if job.task.tracked else tracking.NoTracker()
+    status = "FAILED"
+    try:
+        job.task.run(started(job, tracker, run_dir, resources, start_time, checkpoint, history))
+        status = "FINISHED"
+    except Interrupted:
+        status = "KILLED"
+        raise
+    finally:
+        tracker.finish(run_dir, status)
+    return totals
+
+
+def started(
+    job: Prepared,
+    tracker: tracking.NoTracker | tracking.MlflowTracker,
+    run_dir: Path,
+    resources: preflight.Resources,
+    start_time: float,
+    checkpoint: Path | None,
+    history: list[str],
+) -> TaskRun:
+    """compile=auto's choice (measured before Ray takes the CPUs), Ray, then the task's input."""
+    settings, spec, auto = job.settings, job.spec, None
+    if spec is not None and spec.backend == AUTO:
         auto = compile_auto.choose(settings, job.config)
         console.print(compile_auto.describe(auto))
         spec = compile_auto.chosen_spec(settings, auto)
@@ -190,17 +218,15 @@ def run(cfg: DictConfig, start_time: float, attempt: Path | None = None) -> dict
     if job.task.needs_ray:
         start_ray(settings.ray, settings.compile.cache_dir)
     install_default()  # after ray.init, which sets a SIGTERM handler of its own
-    job.task.run(
-        TaskRun(
-            settings=settings,
-            config=job.config,
-            spec=spec,
-            auto=auto,
-            run_dir=run_dir,
-            provenance=provenance(settings, resources),
-            start_time=start_time,
-            checkpoint=checkpoint,
-            history=history,
-        )
+    return TaskRun(
+        settings=settings,
+        config=job.config,
+        spec=spec,
+        auto=auto,
+        run_dir=run_dir,
+        provenance=provenance(settings, resources),
+        start_time=start_time,
+        checkpoint=checkpoint,
+        history=history,
+        tracker=tracker,
     )
-    return totals

@@ -28,6 +28,9 @@ class Group:
 class Plan:
     groups: list[Group]
     strategy: str
+    # The first fix the preflight names for a CPU shortfall, where a task knows a better
+    # one than the scaling keys (a search: fewer concurrent trials).
+    fix: str = ""
 
     def _sum(self, key: str, actors_only: bool) -> float:
         return sum(
@@ -60,6 +63,17 @@ class Plan:
             for g in self.groups
         ]
         return Plan(groups=groups, strategy=self.strategy)
+
+    def trials(self, n: int, why: str) -> Plan:
+        """`n` runs at once, each with its main process as an actor (Ray Tune trials),
+        driven by a main process that reserves nothing."""
+        groups = [Group("main", 1, 0.0, 0.0, "the driver (Ray Tune)")] + [
+            replace(g, role="trial", count=n, note=f"{g.note} ({why})")
+            if g.role == "main"
+            else replace(g, count=g.count * n, note=why)
+            for g in self.groups
+        ]
+        return Plan(groups=groups, strategy=self.strategy, fix=f"lower task.max_concurrent ({why})")
 
     def count(self, role: str) -> int:
         return sum(g.count for g in self.groups if g.role == role)

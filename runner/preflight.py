@@ -147,7 +147,8 @@ def _cpu_shortfall(plan: Plan, res: Resources) -> tuple[list[str], list[str]]:
             f"the plan's actors need {plan.actor_cpus:g} CPU(s) "
             f"({_breakdown(plan, 'cpus_each', 'CPU', actors_only=True)}) but {res.where} has "
             f"{res.cpus:g}; "
-            "lower scaling.num_env_runners or scaling.num_cpus_per_env_runner, "
+            + (f"{plan.fix}, " if plan.fix else "")
+            + "lower scaling.num_env_runners or scaling.num_cpus_per_env_runner, "
             + (
                 f"share the cores with ray.num_cpus={plan.total_cpus:g} (as RLlib's CI runs its "
                 "tuned examples), "

@@ -20,6 +20,12 @@ from runner.results import checkpoints
 from runner.results.checkpoints import CHECKPOINT_FILE, MANIFEST
 
 OVERRIDES_FILE = "composed_overrides.yaml"
+# A task=tune run dir's Ray Tune experiment (tuner.pkl marks it whole enough to restore).
+SEARCH_DIR = "tune"
+
+
+def is_search(path: Path) -> bool:
+    return (path / SEARCH_DIR / "tuner.pkl").is_file()
 
 
 def find_checkpoint(path_text: str, setting: str = "resume") -> tuple[Path, Path | None]:
@@ -32,6 +38,8 @@ def find_checkpoint(path_text: str, setting: str = "resume") -> tuple[Path, Path
             f"{setting} path '{path}' does not exist; pass a run dir (one with checkpoints/) "
             "or a checkpoint dir"
         )
+    if is_search(path):  # task=tune's run dir: the search is restored by Ray Tune
+        return path / SEARCH_DIR, path
     if (path / CHECKPOINT_FILE).is_file() or (path / MANIFEST).is_file():
         run_dir = path.parent.parent
         return checkpoints.verified(path), run_dir if (run_dir / ".hydra").is_dir() else None

@@ -262,6 +262,39 @@ class WatchdogConfig:
 
 
 @dataclass
+class Distribution:
+    """One searched key's distribution: exactly one field set (runner/search.py turns it
+    into Ray Tune's). A misspelled distribution fails at composition."""
+
+    uniform: list[float] | None = None  # [low, high]
+    loguniform: list[float] | None = None  # [low, high], both > 0
+    quniform: list[float] | None = None  # [low, high, step]
+    randint: list[int] | None = None  # [low, high), high excluded
+    choice: list[Any] | None = None
+
+
+@dataclass
+class SearchConfig:
+    """A search space for task=tune: composed keys (`algo.training.lr`) to distributions.
+    The conf/search/ files set it; empty unless one is chosen."""
+
+    space: dict[str, Distribution] = field(default_factory=dict)
+
+
+@dataclass
+class LoggerConfig:
+    """Experiment tracking beside the run dir: `none`, or `mlflow` (runner/results/tracking.py).
+
+    `tracking_uri: null` is a local store under outputs/ (SQLite: MLflow 3 refuses its file
+    store); `experiment_name: null` is `runner` for a run, the sweep dir's name for a
+    sweep's jobs, the run dir's name for a search's trials."""
+
+    name: str = "none"
+    tracking_uri: str | None = None
+    experiment_name: str | None = None
+
+
+@dataclass
 class TaskSettings:
     """What a job does. Each task in runner/tasks/ subclasses this with its own settings;
     its conf/task/ file merges that schema in, so another task's key fails at composition."""
@@ -305,6 +338,8 @@ class RunnerConfig:
     preflight: PreflightConfig = field(default_factory=PreflightConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     record: RecordConfig = field(default_factory=RecordConfig)
+    search: SearchConfig = field(default_factory=SearchConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
     shutdown: ShutdownConfig = field(default_factory=ShutdownConfig)
     guard: GuardConfig = field(default_factory=GuardConfig)
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)

@@ -211,6 +211,31 @@ WAYS: dict[str, Way] = {
     "hydra.run.dir=outputs/cartpole_video": Way(expect="evaluated 3 episodes (greedy)"),
     "python -m runner task=export checkpoint=outputs/cartpole "
     "hydra.run.dir=outputs/cartpole_onnx": Way(expect="exported DefaultPPOTorchRLModule"),
+    # Search and track (run by tests/test_tune.py, which checks what each wrote): 4 trials
+    # of 4 small iterations (a batch the searched minibatch sizes fit in).
+    "python -m runner task=tune search=ppo_cartpole task.num_samples=16 task.max_concurrent=2 "
+    "logger=mlflow hydra.run.dir=outputs/search": Way(
+        (
+            "task.num_samples=4",
+            "stop.env_steps=2000",
+            "algo.training.train_batch_size_per_learner=500",
+        ),
+        expect="search: 4 trials",
+    ),
+    "python -m runner resume=outputs/search": Way(
+        ("hydra.run.dir=outputs/search_resumed",), expect="search: 4 trials"
+    ),
+    "python -m runner experiment=best 'hydra.searchpath=[file://outputs/search]'": Way(
+        ("stop.iterations=1", "hydra.run.dir=outputs/best"), expect="done (iterations 1 >= 1)"
+    ),
+    "python -m runner logger=mlflow": Way(
+        (*SMALL_BATCH, "stop.iterations=2", "hydra.run.dir=outputs/tracked"),
+        expect="done (iterations 2 >= 2)",
+    ),
+    "python -m runner -m logger=mlflow seed=1,2": Way(
+        (*SMALL_BATCH, "stop.iterations=2", "hydra.sweep.dir=outputs/tracked_sweep"),
+        expect="sweep: 2 jobs, 0 failed",
+    ),
     # Runner overhead
     "python benchmarks/overhead.py --iterations 10 --repeats 3": Way(
         ("--iterations", "1", "--repeats", "1"), expect="env steps per second"
@@ -219,7 +244,10 @@ WAYS: dict[str, Way] = {
 
 COMMANDS = commands()
 # Sections whose commands another test runs (with run_block), then checks what they wrote.
-RUN_ELSEWHERE = {"Use what you trained": "tests/test_use_trained.py"}
+RUN_ELSEWHERE = {
+    "Use what you trained": "tests/test_use_trained.py",
+    "Search and track": "tests/test_tune.py",
+}
 BLOCKS = sorted(
     {(c.section, c.block) for c in COMMANDS if c.section not in RUN_ELSEWHERE},
     key=lambda b: COMMANDS.index(next(c for c in COMMANDS if (c.section, c.block) == b)),

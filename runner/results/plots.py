@@ -22,7 +22,7 @@ def pyplot() -> Any:
     return plt
 
 
-def _save(plt: Any, fig: Any, path: Path) -> Path:
+def save(plt: Any, fig: Any, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -39,7 +39,7 @@ def lines(path: Path, series: dict[str, list[tuple[Any, float]]], xlabel: str, y
     ax.set(xlabel=xlabel, ylabel=ylabel)
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.legend(fontsize=7)
-    return _save(plt, fig, path)
+    return save(plt, fig, path)
 
 
 def speedup_bars(
@@ -61,7 +61,7 @@ def speedup_bars(
     ax.invert_yaxis()
     ax.set_xlabel(xlabel)
     ax.legend(fontsize=7)
-    return _save(plt, fig, path)
+    return save(plt, fig, path)
 
 
 def inference_bench(path: Path, rows: list[dict[str, Any]], title: str) -> Path:
@@ -78,7 +78,7 @@ def inference_bench(path: Path, rows: list[dict[str, Any]], title: str) -> Path:
     ax.set_xticks(sizes, [str(s) for s in sizes])
     ax.set_title(title)
     ax.legend()
-    return _save(plt, fig, path)
+    return save(plt, fig, path)
 
 
 def exploration_bench(
@@ -104,7 +104,7 @@ def exploration_bench(
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_title(title)
     ax.legend()
-    return _save(plt, fig, path)
+    return save(plt, fig, path)
 
 
 def curve_band(
@@ -126,4 +126,4 @@ def curve_band(
     ax.set(xlabel="env steps sampled", ylabel="episode return mean")
     ax.set_title(title, fontsize=8)
     ax.legend(fontsize=7)
-    return _save(plt, fig, path)
+    return save(plt, fig, path)

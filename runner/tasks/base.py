@@ -15,6 +15,7 @@ from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 
 from runner.compile.settings import CompileSpec
 from runner.plan import Plan
+from runner.results.tracking import MlflowTracker, NoTracker
 from runner.schema import RunnerConfig, TaskSettings
 
 
@@ -33,13 +34,15 @@ class TaskRun:
     auto: dict[str, Any] | None = None
     # metrics.jsonl lines to start from: an interrupted sweep job's, up to its checkpoint.
     history: list[str] = field(default_factory=list)
+    # logger=: where each iteration's figures go besides the run dir.
+    tracker: NoTracker | MlflowTracker = field(default_factory=NoTracker)
 
 
 def no_warnings(settings: RunnerConfig, spec: CompileSpec | None) -> list[str]:
     return []
 
 
-def same_plan(plan: Plan) -> Plan:
+def same_plan(plan: Plan, settings: RunnerConfig) -> Plan:
     return plan
 
 
@@ -60,7 +63,7 @@ class Task:
     run: Callable[[TaskRun], None]
     check: Callable[[RunnerConfig, CompileSpec | None], list[str]] = no_warnings
     configure: Callable[[AlgorithmConfig, RunnerConfig], None] = same_config
-    scale_plan: Callable[[Plan], Plan] = same_plan
+    scale_plan: Callable[[Plan, RunnerConfig], Plan] = same_plan
     # False for a task that starts no actor (it then needs no Ray of its own).
     needs_ray: bool = True
     # True for a task that takes compile=auto's per-component choice (training).
@@ -70,3 +73,8 @@ class Task:
     # True for a task that reads a trained checkpoint (task.checkpoint, spelled
     # `checkpoint=` on the command line): its run's config is composed as resume= does.
     reads_checkpoint: bool = False
+    # What resume= continues: "checkpoint" (an RLlib checkpoint) or "search" (a Ray Tune
+    # experiment in a task=tune run dir).
+    resumes: str = "checkpoint"
+    # False for a task that tracks its own runs (a search: one MLflow run per trial).
+    tracked: bool = True

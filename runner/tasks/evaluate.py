@@ -15,17 +15,21 @@ them). `task.video=true` then records `task.video_episodes` more episodes (runne
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import ray
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.env.env_runner import EnvRunner
 
 from runner import trained, video
 from runner.compile.settings import CompileSpec
-from runner.console import console
+from runner.console import console, progress
 from runner.errors import ConfigError
 from runner.results.files import versions, write_csv, write_json
 from runner.resume import find_checkpoint
@@ -35,6 +39,7 @@ from runner.user_code import beside
 
 EPISODE_COLUMNS = ("episode", "env_runner", "episode_return", "episode_len")
 _LOG = "_runner_episodes"  # where each EnvRunner keeps its episodes' rows
+_COUNTER, _COUNTER_HANDLE = "runner_evaluation_episodes", "_runner_episode_counter"
 
 
 @dataclass
@@ -87,9 +92,32 @@ def configure(config: AlgorithmConfig, settings: RunnerConfig) -> None:
     config.callbacks(on_episode_end=beside(config.callbacks_on_episode_end, log_episode))
 
 
+@ray.remote(num_cpus=0)
+class EpisodeCounter:
+    """Finished evaluation episodes, counted as they end in whichever EnvRunner, for the
+    driver's progress bar (RLlib returns only when all have ended)."""
+
+    def __init__(self) -> None:
+        self.episodes = 0
+
+    def add(self) -> None:
+        self.episodes += 1
+
+    def count(self) -> int:
+        return self.episodes
+
+
 def log_episode(*, episode: Any, env_runner: EnvRunner, **_: Any) -> None:
     """An on_episode_end callback: the finished episode's return and length, kept in the
-    EnvRunner that ran it until the task collects them."""
+    EnvRunner that ran it until the task collects them; the counter told."""
+    if _COUNTER_HANDLE not in env_runner.__dict__:
+        try:
+            env_runner.__dict__[_COUNTER_HANDLE] = ray.get_actor(_COUNTER)
+        except ValueError:  # no progress bar to feed
+            env_runner.__dict__[_COUNTER_HANDLE] = None
+    counter = env_runner.__dict__[_COUNTER_HANDLE]
+    if counter is not None:
+        counter.add.remote()
     rows = env_runner.__dict__.setdefault(_LOG, [])
     rows.append(
         {
@@ -122,6 +150,29 @@ def figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+@contextlib.contextmanager
+def episode_progress(episodes: int) -> Iterator[None]:
+    """A progress bar over the evaluation episodes while the body runs: a thread polls the
+    counter the EnvRunners' callbacks feed."""
+    counter = EpisodeCounter.options(name=_COUNTER).remote()
+    stop = threading.Event()
+    with progress("evaluation episodes", episodes) as done:
+
+        def poll() -> None:
+            while not stop.wait(0.5):
+                done(min(episodes, ray.get(counter.count.remote())))
+
+        poller = threading.Thread(target=poll, daemon=True)
+        poller.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            poller.join()
+            done(min(episodes, ray.get(counter.count.remote())))
+            ray.kill(counter)
+
+
 def run(run: TaskRun) -> None:
     settings, run_dir = run.settings, run.run_dir
     task: EvaluateSettings = settings.task  # type: ignore[assignment]
@@ -131,7 +182,8 @@ def run(run: TaskRun) -> None:
     try:
         algo.restore_from_path(str(run.checkpoint.resolve()))
         started = time.perf_counter()
-        result = algo.evaluate()
+        with episode_progress(task.episodes):
+            result = algo.evaluate()
         seconds = time.perf_counter() - started
         rows = _collect(algo)
         if task.video:

@@ -58,7 +58,7 @@ def check(settings: RunnerConfig, spec: CompileSpec | None) -> list[str]:
     return [warning] if warning else []
 
 
-def both_copies(plan: Plan) -> Plan:
+def both_copies(plan: Plan, settings: RunnerConfig) -> Plan:
     """Both copies exist at once, as published: their actors count twice."""
     return plan.copies(2, "x2: an eager and a compiled copy at once")
 

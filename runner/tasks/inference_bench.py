@@ -27,7 +27,7 @@ from ray.rllib.core.columns import Columns
 
 from runner.compile.apply import compile_function
 from runner.compile.settings import CompileSpec, cuda_graph_warning
-from runner.console import console
+from runner.console import console, progress
 from runner.envs import make_env
 from runner.errors import ConfigError
 from runner.results import plots
@@ -138,30 +138,37 @@ def _measure(module, obs, spec, batch_sizes, iterations, burn_in) -> list[dict[s
         spec, compiled_module._forward_exploration
     )
     rows = []
-    for batch_size in batch_sizes:
-        repeated = obs.unsqueeze(0).repeat(batch_size, *[1] * obs.dim())
-        batch = {Columns.OBS: repeated.to(device)}
-        with torch.no_grad():
-            first_call = _timed(compiled_module, batch, cuda)
-            for _ in range(burn_in):
-                _timed(module, batch, cuda)
-                _timed(compiled_module, batch, cuda)
-            eager, compiled = [], []
-            for _ in range(iterations):
-                eager.append(_timed(module, batch, cuda))
-                compiled.append(_timed(compiled_module, batch, cuda))
-        eager_tp, compiled_tp = 1 / statistics.median(eager), 1 / statistics.median(compiled)
-        rows.append(
-            {
-                "backend": spec.backend,
-                "mode": spec.mode or "default",
-                "batch_size": batch_size,
-                "first_call_seconds": first_call,
-                "eager_calls_per_s": eager_tp,
-                "compiled_calls_per_s": compiled_tp,
-                "speedup": compiled_tp / eager_tp - 1,
-            }
-        )
+    calls = 1 + burn_in + iterations  # per batch size: the first (compiling) call, then pairs
+    with progress("inference bench calls", len(batch_sizes) * calls) as done:
+        for n, batch_size in enumerate(batch_sizes):
+            repeated = obs.unsqueeze(0).repeat(batch_size, *[1] * obs.dim())
+            batch = {Columns.OBS: repeated.to(device)}
+            with torch.no_grad():
+                first_call = _timed(compiled_module, batch, cuda)
+                for _ in range(burn_in):
+                    _timed(module, batch, cuda)
+                    _timed(compiled_module, batch, cuda)
+                done(n * calls + 1 + burn_in)
+                eager, compiled = [], []
+                for i in range(iterations):
+                    eager.append(_timed(module, batch, cuda))
+                    compiled.append(_timed(compiled_module, batch, cuda))
+                    if i % 100 == 99:
+                        done(n * calls + 1 + burn_in + i + 1)
+            done((n + 1) * calls)
+            eager_tp = 1 / statistics.median(eager)
+            compiled_tp = 1 / statistics.median(compiled)
+            rows.append(
+                {
+                    "backend": spec.backend,
+                    "mode": spec.mode or "default",
+                    "batch_size": batch_size,
+                    "first_call_seconds": first_call,
+                    "eager_calls_per_s": eager_tp,
+                    "compiled_calls_per_s": compiled_tp,
+                    "speedup": compiled_tp / eager_tp - 1,
+                }
+            )
     return rows
 
 

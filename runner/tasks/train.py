@@ -233,6 +233,7 @@ def after_iteration(
     flat = flatten_numbers({k: v for k, v in result.items() if k != "config"})
     progress.rows.append(row)
     metrics.write(row, flat)
+    run.tracker.log_row(row)
     print_row(row)
     record_restarts(progress, result, row["iteration"])
     found = guard.non_finite(result) if settings.guard.non_finite != NonFinite.off else {}

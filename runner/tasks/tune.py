@@ -1,0 +1,324 @@
+"""task=tune: a hyperparameter search on Ray Tune over `search.space` (conf/search/).
+
+Each trial is a training run of the composed config with its sampled values: the same
+AlgorithmConfig build (compile included), the same stop criteria (`stop.*`), the same
+iteration figures, run inside a Tune actor with RLlib's own resource request. Optuna's
+TPE (or Tune's random search) picks the values; ASHA stops weak trials early, comparing
+them at the same env steps (or iterations). The objective is the episode return mean,
+the last known one (SAC and DQN iterations often end no episode), higher is better.
+
+Tune's experiment lives in <run dir>/tune/; the results (trials.csv, best experiment
+file, plots, summary.json) come from it (runner/results/trials.py), so an interrupted
+search, continued with resume=<run dir>, is reported whole.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from hydra.core.hydra_config import HydraConfig
+from ray import tune
+from ray.tune.schedulers import ASHAScheduler
+from ray.tune.search import BasicVariantGenerator
+
+from runner import guard, search
+from runner.compile.settings import CompileSpec, resolve
+from runner.compose import build_algorithm_config
+from runner.console import console
+from runner.errors import ConfigError, RunnerError
+from runner.plan import Plan
+from runner.ray_session import import_py_modules_here
+from runner.results import tracking, trials
+from runner.results.files import headline, write_json
+from runner.resume import SEARCH_DIR
+from runner.schema import NonFinite, RunnerConfig, TaskSettings
+from runner.shutdown import HANDLED, Interrupted, install_default
+from runner.tasks.base import Task, TaskRun
+from runner.tasks.train import carry_last_return, stop_reason
+
+METRIC, MODE = "episode_return_mean", "max"
+SEARCHERS = ("optuna", "random")
+
+
+@dataclass
+class TuneSettings(TaskSettings):
+    num_samples: int = 16
+    max_concurrent: int = 2
+    searcher: str = "optuna"
+    grace_fraction: float = 0.25
+    reduction_factor: int = 2
+    baseline_first: bool = True
+
+
+def budget(settings: RunnerConfig) -> tuple[str, int]:
+    """ASHA's clock and each trial's budget on it: env steps, else iterations."""
+    if settings.stop.env_steps:
+        return "env_steps", settings.stop.env_steps
+    if settings.stop.iterations:
+        return "training_iteration", settings.stop.iterations
+    raise ConfigError(
+        "task=tune compares trials at a budget: set stop.env_steps or stop.iterations"
+    )
+
+
+def check(settings: RunnerConfig, spec: CompileSpec | None) -> list[str]:
+    """The search's own settings, then every searched value through RLlib's builders."""
+    task: TuneSettings = settings.task  # type: ignore[assignment]
+    if not settings.search.space:
+        raise ConfigError(
+            "task=tune needs a search space: choose one with search=ppo_cartpole (conf/search/) "
+            "or set search.space"
+        )
+    if task.num_samples < 1 or task.max_concurrent < 1:
+        raise ConfigError(
+            f"task.num_samples={task.num_samples} and task.max_concurrent={task.max_concurrent}"
+            " must each be at least 1"
+        )
+    if task.searcher not in SEARCHERS:
+        raise ConfigError(f"task.searcher={task.searcher}: use one of {', '.join(SEARCHERS)}")
+    if not 0 < task.grace_fraction <= 1 or task.reduction_factor < 2:
+        raise ConfigError(
+            f"task.grace_fraction={task.grace_fraction} (in (0, 1]) and task.reduction_factor="
+            f"{task.reduction_factor} (at least 2) are out of range"
+        )
+    budget(settings)
+    search.check(settings.search.space, settings)
+    for values in search.sample_each(settings.search.space):
+        build_algorithm_config(search.with_values(settings, values), spec)
+    return []
+
+
+def scale_plan(plan: Plan, settings: RunnerConfig) -> Plan:
+    """`max_concurrent` trials at once (no more than there are), each all of a run's actors."""
+    task: TuneSettings = settings.task  # type: ignore[assignment]
+    n = min(task.max_concurrent, task.num_samples)
+    return plan.trials(n, f"x{n}: task.max_concurrent trials at once")
+
+
+def trial(values: dict[str, Any], settings: RunnerConfig) -> None:
+    """One trial, inside its Tune actor: train the composed config with `values` until
+    a stop criterion, reporting each iteration; a checkpoint every checkpoint.every
+    iterations and at the end, so an interrupted search continues the trial."""
+    settings = search.with_values(settings, values)
+    import_py_modules_here(settings.ray.runtime_env)
+    spec, _ = resolve(settings.compile)
+    algo = build_algorithm_config(settings, spec).build_algo()
+    checkpoint = tune.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as path:
+            algo.restore_from_path(path)
+    start, previous = time.perf_counter(), None
+    try:
+        while True:
+            result = algo.train()
+            row = headline(result, time.perf_counter() - start)
+            carry_last_return(row, previous)
+            previous = row
+            reason = stop_reason(settings.stop, row, time.perf_counter() - start) or ""
+            found = guard.non_finite(result)
+            if found and settings.guard.non_finite == NonFinite.stop:
+                reason = guard.describe(found, row["iteration"])
+            report = {
+                "env_steps": row["env_steps"] or 0,
+                "return_age": row["return_age"],
+                "env_steps_per_s": row["env_steps_per_s"],
+                "stop_reason": reason,
+            }
+            if row["last_episode_return_mean"] is not None:  # ASHA skips a result without it
+                report[METRIC] = row["last_episode_return_mean"]
+            every = settings.checkpoint.every
+            if (reason and not found) or (every and algo.iteration % every == 0):
+                with tempfile.TemporaryDirectory() as path:
+                    algo.save_to_path(path)
+                    tune.report(report, checkpoint=tune.Checkpoint.from_directory(path))
+            else:
+                tune.report(report)
+            if reason:
+                return
+    finally:
+        algo.stop()
+
+
+def _searcher(run: TaskRun, preset: dict[str, Any] | None) -> Any:
+    task: TuneSettings = run.settings.task  # type: ignore[assignment]
+    first = [preset] if preset else None
+    if task.searcher == "random":
+        return BasicVariantGenerator(points_to_evaluate=first, random_state=run.settings.seed)
+    import optuna  # here: its import costs every other job a quarter second
+    from ray.tune.search.optuna import OptunaSearch
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    sampler = optuna.samplers.TPESampler(seed=run.settings.seed)
+    return OptunaSearch(points_to_evaluate=first, sampler=sampler)
+
+
+def mlflow_experiment(run: TaskRun) -> str | None:
+    """logger=mlflow: the search's MLflow experiment (logger.experiment_name, else the run
+    dir where the search began), made with its artifact root; None without MLflow."""
+    settings = run.settings
+    if settings.logger.name != "mlflow":
+        return None
+    began = run.checkpoint.parent if run.checkpoint is not None else run.run_dir
+    name = settings.logger.experiment_name or str(began)
+    tracking.mlflow_experiment(settings.logger.tracking_uri, name)
+    return name
+
+
+def _callbacks(run: TaskRun, experiment: str | None) -> list[Any]:
+    """One MLflow run per trial, through Ray Tune's own callback."""
+    if experiment is None:
+        return []
+    from ray.air.integrations.mlflow import MLflowLoggerCallback
+
+    settings = run.settings
+    return [
+        MLflowLoggerCallback(
+            tracking_uri=tracking.tracking_uri(settings.logger.tracking_uri),
+            experiment_name=experiment,
+            tags=tracking.tags(settings, run.run_dir),
+        )
+    ]
+
+
+def make_tuner(run: TaskRun, experiment: str | None) -> tune.Tuner:
+    """A new search, or the interrupted one restored from a copy of its Tune experiment
+    (the earlier run dir stays as it was)."""
+    settings, tune_dir = run.settings, run.run_dir / SEARCH_DIR
+    trainable = tune.with_resources(
+        tune.with_parameters(trial, settings=settings),
+        run.config.algo_class.default_resource_request(run.config),
+    )
+    if run.checkpoint is not None:
+        shutil.copytree(run.checkpoint, tune_dir)
+        console.print(f"continuing the search of {run.checkpoint.parent}")
+        return tune.Tuner.restore(
+            str(tune_dir.resolve()), trainable, resume_unfinished=True, resume_errored=True
+        )
+    task: TuneSettings = settings.task  # type: ignore[assignment]
+    preset = None
+    if task.baseline_first:
+        preset, why = search.preset_values(settings.search.space, settings, run.config)
+        if preset is None:
+            console.print(f"no preset trial: {why}")
+    clock, max_t = budget(settings)
+    scheduler = ASHAScheduler(
+        time_attr=clock,
+        max_t=max_t,
+        grace_period=max(1, int(max_t * task.grace_fraction)),
+        reduction_factor=task.reduction_factor,
+    )
+    return tune.Tuner(
+        trainable,
+        param_space=search.to_tune(settings.search.space),
+        tune_config=tune.TuneConfig(
+            metric=METRIC,
+            mode=MODE,
+            num_samples=task.num_samples,
+            max_concurrent_trials=task.max_concurrent,
+            search_alg=_searcher(run, preset),
+            scheduler=scheduler,
+            trial_name_creator=lambda t: f"trial_{t.trial_id}",
+            trial_dirname_creator=lambda t: f"trial_{t.trial_id}",
+        ),
+        run_config=tune.RunConfig(
+            storage_path=str(run.run_dir.resolve()),
+            name=SEARCH_DIR,
+            callbacks=_callbacks(run, experiment),
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+            failure_config=tune.FailureConfig(max_failures=0),
+            verbose=1,
+        ),
+    )
+
+
+def fit(tuner: tune.Tuner) -> int | None:
+    """Run the search. Tune stops it cleanly on SIGINT (saving its state); SIGTERM and
+    SIGHUP are turned into that SIGINT. Returns the first signal taken, or None."""
+    taken: list[int] = []
+
+    def to_sigint(signum: int, frame: Any) -> None:
+        taken.append(signum)
+        signal.raise_signal(signal.SIGINT)
+
+    for s in HANDLED:
+        if s != signal.SIGINT:
+            signal.signal(s, to_sigint)
+    os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")  # see trial()
+    try:
+        tuner.fit()
+    finally:
+        install_default()
+    return taken[0] if taken else None
+
+
+class TrialsFailed(RunnerError):
+    """Some trials raised: exit code 1 (trials.csv says which, and why)."""
+
+    exit_code = 1
+
+
+def run(run: TaskRun) -> None:
+    """The search, then its results from Tune's experiment; the exit a signal (130 for
+    Ctrl-C, with the search resumable) or a failed trial (1) calls for."""
+    settings, run_dir = run.settings, run.run_dir
+    task: TuneSettings = settings.task  # type: ignore[assignment]
+    start = time.perf_counter()
+    experiment = mlflow_experiment(run)
+    signum = fit(make_tuner(run, experiment))
+    if experiment is not None:
+        _, experiment_id = tracking.mlflow_experiment(settings.logger.tracking_uri, experiment)
+        tracking.end_running(settings.logger.tracking_uri, experiment_id)
+    rows = trials.read(run_dir / SEARCH_DIR, METRIC)
+    preset = None
+    if task.baseline_first:
+        preset, _ = search.preset_values(settings.search.space, settings, run.config)
+    summary = trials.write(run_dir, rows, settings.search.space, METRIC, preset)
+    best = summary["best"]
+    if best:
+        trials.write_experiment(
+            run_dir, HydraConfig.get().runtime.choices, settings, best["values"], summary
+        )
+    done = summary["trials_by_status"]
+    unfinished = task.num_samples - sum(
+        n for status, n in done.items() if status != trials.NOT_FINISHED
+    )
+    status = "finished" if unfinished == 0 else "interrupted"
+    write_json(
+        run_dir / "summary.json",
+        {
+            "status": status,
+            "wall_seconds": time.perf_counter() - start,
+            **summary,
+            **run.provenance,
+        },
+    )
+    console.print(trials.describe(summary, run_dir))
+    if status == "interrupted":
+        raise Interrupted(
+            signum or signal.SIGINT,
+            f"search interrupted with {unfinished} of {task.num_samples} trials not finished; "
+            f"continue it with resume={run_dir}",
+        )
+    errors = [r for r in rows if r["status"] == trials.ERROR]
+    if errors:
+        raise TrialsFailed(
+            f"{len(errors)} of {len(rows)} trials failed; the first: trial {errors[0]['trial']}: "
+            f"{errors[0]['error']} (trials.csv, {run_dir / SEARCH_DIR})"
+        )
+
+
+TASK = Task(
+    name="tune",
+    settings=TuneSettings,
+    run=run,
+    check=check,
+    scale_plan=scale_plan,
+    resumes="search",
+    tracked=False,
+)

@@ -1,0 +1,302 @@
+"""Search and track, for real. The README's "Search and track" commands run here (a Ray
+Tune search of 4 tiny PPO CartPole trials, 2 at a time, logged to MLflow's default local
+store; its resume; its best trial as an experiment; a training run and a 2-job sweep
+logged to MLflow), then what they wrote is read back: trials.csv and Tune's own
+experiment, best.yaml, and MLflow's runs with its own client. A search interrupted with
+SIGINT is continued with resume=. Bad input of the search: one line each."""
+
+from __future__ import annotations
+
+import csv
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from cli_forks import run_many
+from conftest import compose_config
+from mlflow.tracking import MlflowClient
+from readme import commands
+from test_readme import run_block
+
+README_SECTION = "Search and track"
+KEYS = [
+    "algo.training.lr",
+    "algo.training.minibatch_size",
+    "algo.training.num_epochs",
+    "scaling.num_envs_per_env_runner",
+]
+# 4 iterations of 500 env steps a trial: the searched minibatch sizes fit in the batch.
+SMALL_SEARCH = (
+    "task=tune",
+    "search=ppo_cartpole",
+    "stop.env_steps=2000",
+    "algo.training.train_batch_size_per_learner=500",
+)
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture(scope="module")
+def outputs(tmp_path_factory) -> Path:
+    cwd = tmp_path_factory.mktemp("readme")
+    run_block([c.text for c in commands() if c.section == README_SECTION], cwd)
+    return cwd / "outputs"
+
+
+@pytest.fixture(scope="module")
+def mlflow_client(outputs: Path) -> MlflowClient:
+    """MLflow's own client on the default store the README's commands logged to."""
+    return MlflowClient(f"sqlite:///{outputs / 'mlflow.db'}")
+
+
+def test_search_writes_every_trial_and_asha_stops_the_trailing_ones(outputs: Path):
+    rows = _rows(outputs / "search" / "trials.csv")
+    assert [int(r["trial"]) for r in rows] == [1, 2, 3, 4]
+    statuses = {r["status"] for r in rows}
+    assert statuses <= {"finished", "early_stopped"}, rows
+    assert "early_stopped" in statuses and "finished" in statuses, rows
+    for r in rows:
+        steps = float(r["env_steps"])
+        if r["status"] == "finished":
+            assert steps >= 2000 and r["stop_reason"].startswith("env_steps")
+        else:  # ASHA compared it at a rung before the budget and stopped it
+            assert steps < 2000 and r["stop_reason"] == "stopped early by ASHA"
+        assert float(r["best_objective"]) >= float(r["objective"]) > 0
+    # Trial 1 ran the preset's own values (conf/algo/ppo.yaml, conf/scaling/default.yaml).
+    assert [rows[0][k] for k in KEYS] == ["0.001", "250", "6", "8"]
+    # Tune's own experiment agrees with trials.csv.
+    from ray.tune import ExperimentAnalysis
+
+    trials = ExperimentAnalysis(str(outputs / "search" / "tune")).trials
+    assert {t.trial_id for t in trials} == {r["trial_id"] for r in rows}
+    summary = json.loads((outputs / "search" / "summary.json").read_text())
+    best = max((r for r in rows if r["status"] == "finished"), key=lambda r: float(r["objective"]))
+    assert summary["status"] == "finished"
+    assert summary["best"]["trial"] == int(best["trial"])
+    assert summary["preset"]["trial"] == 1
+    for plot in ("trials_objective.png", "trials_best_so_far.png"):
+        assert (outputs / "search" / plot).stat().st_size > 1000
+
+
+def test_best_trial_is_an_experiment_that_runs_with_its_values(outputs: Path):
+    best = json.loads((outputs / "search" / "summary.json").read_text())["best"]
+    text = (outputs / "search" / "experiment" / "best.yaml").read_text()
+    assert text.startswith("# @package _global_\n")
+    written = yaml.safe_load(text)
+    assert written["stop"]["env_steps"] == 2000
+    assert written["algo"]["training"]["train_batch_size_per_learner"] == 500
+    ran = json.loads((outputs / "best" / "algorithm_config.json").read_text())
+    assert ran["lr"] == pytest.approx(best["values"]["algo.training.lr"])
+    assert ran["minibatch_size"] == best["values"]["algo.training.minibatch_size"]
+    assert ran["num_epochs"] == best["values"]["algo.training.num_epochs"]
+    assert ran["num_envs_per_env_runner"] == best["values"]["scaling.num_envs_per_env_runner"]
+    assert json.loads((outputs / "best" / "summary.json").read_text())["status"] == "finished"
+
+
+def test_resuming_a_finished_search_reports_the_same_trials(outputs: Path):
+    before = _rows(outputs / "search" / "trials.csv")
+    after = _rows(outputs / "search_resumed" / "trials.csv")
+    assert [r["trial_id"] for r in after] == [r["trial_id"] for r in before]
+    assert [r["objective"] for r in after] == [r["objective"] for r in before]
+
+
+def test_mlflow_holds_one_run_per_trial_with_its_values(outputs: Path, mlflow_client):
+    experiment = mlflow_client.get_experiment_by_name(str((outputs / "search").resolve()))
+    runs = mlflow_client.search_runs([experiment.experiment_id])
+    rows = {r["trial_id"]: r for r in _rows(outputs / "search" / "trials.csv")}
+    assert sorted(run.info.run_name for run in runs) == sorted(f"trial_{i}" for i in rows)
+    for run in runs:
+        row = rows[run.info.run_name.removeprefix("trial_")]
+        assert run.info.status == "FINISHED"
+        lr = float(row["algo.training.lr"])
+        assert float(run.data.params["algo.training.lr"]) == pytest.approx(lr)
+        history = mlflow_client.get_metric_history(run.info.run_id, "episode_return_mean")
+        assert len(history) == int(row["iterations"])
+        assert history[-1].value == pytest.approx(float(row["objective"]))
+        assert run.data.tags["task"] == "tune" and run.data.tags["algo"] == "PPO"
+
+
+def test_mlflow_holds_the_training_run_with_params_metrics_and_artifacts(
+    outputs: Path, mlflow_client
+):
+    experiment = mlflow_client.get_experiment_by_name("runner")
+    (run,) = mlflow_client.search_runs([experiment.experiment_id])
+    assert run.info.run_name == "tracked" and run.info.status == "FINISHED"
+    params = run.data.params
+    assert params["algo.name"] == "PPO" and params["scaling.num_envs_per_env_runner"] == "8"
+    assert params["algo.training.train_batch_size_per_learner"] == "400"
+    assert {k: run.data.tags[k] for k in ("task", "algo", "env", "hardware", "compile")} == {
+        "task": "train",
+        "algo": "PPO",
+        "env": "CartPole-v1",
+        "hardware": "cpu",
+        "compile": "off",
+    }
+    lines = [json.loads(line) for line in (outputs / "tracked" / "metrics.jsonl").open()]
+    history = mlflow_client.get_metric_history(run.info.run_id, "episode_return_mean")
+    assert [(m.step, m.value) for m in history] == [
+        (r["iteration"], pytest.approx(r["episode_return_mean"])) for r in lines
+    ]
+    artifacts = {a.path for a in mlflow_client.list_artifacts(run.info.run_id)}
+    assert {"summary.json", "plan.json", "learning_curve.png"} <= artifacts
+    local = Path(mlflow_client.download_artifacts(run.info.run_id, "summary.json"))
+    assert json.loads(local.read_text()) == json.loads(
+        (outputs / "tracked" / "summary.json").read_text()
+    )
+
+
+def test_mlflow_holds_a_sweep_as_one_experiment_with_a_run_per_job(outputs: Path, mlflow_client):
+    experiment = mlflow_client.get_experiment_by_name("outputs/tracked_sweep")
+    runs = mlflow_client.search_runs([experiment.experiment_id])
+    assert sorted(run.data.params["seed"] for run in runs) == ["1", "2"]
+    for run in runs:
+        assert run.info.status == "FINISHED"
+        assert run.info.run_name.startswith(f"job {int(run.data.params['seed']) - 1}: ")
+        steps = [m.step for m in mlflow_client.get_metric_history(run.info.run_id, "env_steps")]
+        assert steps == [1, 2]
+
+
+def _wait_for_results(tune_dir: Path, lines: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done = [
+            p
+            for p in tune_dir.glob("trial_*/result.json")
+            if len(p.read_text().splitlines()) >= lines
+        ]
+        if len(done) >= 2:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"no two trials reported {lines} results within {timeout} s")
+
+
+def test_interrupted_search_exits_130_and_resume_finishes_it(tmp_path: Path):
+    args = [*SMALL_SEARCH, "task.num_samples=6", "hydra.run.dir=first"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runner", *args],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _wait_for_results(tmp_path / "first" / "tune", 2, timeout=240)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err[-3000:]
+    assert err.strip().splitlines()[-1].startswith("error: search interrupted with ")
+    assert "continue it with resume=" in err
+    first = _rows(tmp_path / "first" / "trials.csv")
+    assert "not_finished" in {r["status"] for r in first} or len(first) < 6
+    assert json.loads((tmp_path / "first" / "summary.json").read_text())["status"] == "interrupted"
+
+    resumed = subprocess.run(
+        [sys.executable, "-m", "runner", f"resume={tmp_path / 'first'}", "hydra.run.dir=second"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    second = _rows(tmp_path / "second" / "trials.csv")
+    assert len(second) == 6
+    assert {r["status"] for r in second} <= {"finished", "early_stopped"}
+    # The trials that had finished kept their results; the earlier run dir is as it was.
+    finished = {r["trial_id"]: r["objective"] for r in first if r["status"] != "not_finished"}
+    assert {r["trial_id"]: r["objective"] for r in second if r["trial_id"] in finished} == finished
+    assert _rows(tmp_path / "first" / "trials.csv") == first
+
+
+def test_searched_values_apply_through_the_schema_and_rllib():
+    """The search space composes typed; each sampled value is checked by RLlib's builder."""
+    cfg = compose_config(["task=tune", "search=ppo_cartpole"])
+    assert list(cfg.search.space) == KEYS
+    assert cfg.search.space["algo.training.lr"].loguniform == [1.0e-4, 3.0e-3]
+    assert cfg.stop.env_steps == 30000 and cfg.algo.name == "PPO"
+    dqn = compose_config(["task=tune", "search=dqn_cartpole"])
+    assert dqn.algo.name == "DQN" and "algo.training.n_step" in dqn.search.space
+
+
+SPACE = "task=tune", "stop.env_steps=1000"
+BAD = {
+    "a search without a space": (["task=tune"], "task=tune needs a search space"),
+    "a key that is no section": (
+        [*SPACE, "+search.space={algo.trainin.lr: {choice: [0.1]}}"],
+        "'algo.trainin.lr' is not a key of the composed config",
+    ),
+    "a misspelled typed key": (
+        [*SPACE, "+search.space={scaling.num_envs_per_env_runnr: {choice: [2]}}"],
+        "(did you mean num_envs_per_env_runner",
+    ),
+    "a key RLlib does not take": (
+        [*SPACE, "+search.space={algo.training.lrr: {choice: [0.1]}}"],
+        "takes no 'lrr' (did you mean lr?)",
+    ),
+    "an empty choice list": (
+        [*SPACE, "+search.space={algo.training.lr: {choice: []}}"],
+        "the choice list is empty",
+    ),
+    "a misspelled distribution": (
+        [*SPACE, "+search.space={algo.training.lr: {logunifrom: [0.001, 0.01]}}"],
+        "did you mean loguniform",
+    ),
+    "a loguniform from 0": (
+        [*SPACE, "+search.space={algo.training.lr: {loguniform: [0, 0.01]}}"],
+        "loguniform needs low > 0",
+    ),
+    "a key that sizes each trial": (
+        [*SPACE, "+search.space={scaling.num_env_runners: {choice: [1, 2]}}"],
+        "each trial's resources are reserved before it samples",
+    ),
+    "no trials": (
+        ["task=tune", "search=ppo_cartpole", "task.num_samples=0"],
+        "must each be at least 1",
+    ),
+    "more trials at once than the machine holds": (
+        ["task=tune", "search=ppo_cartpole", "task.max_concurrent=3"],
+        "lower task.max_concurrent",
+    ),
+    "a value RLlib rejects": (
+        [*SMALL_SEARCH[:3], "algo.training.train_batch_size_per_learner=200"],
+        "minibatch_size",
+    ),
+    "no budget to compare trials at": (
+        ["task=tune", "search=ppo_cartpole", "stop.env_steps=null"],
+        "set stop.env_steps or stop.iterations",
+    ),
+    "an unreachable tracking server": (
+        ["logger=mlflow", "logger.tracking_uri=http://127.0.0.1:9"],
+        "logger=mlflow: cannot reach the tracking store http://127.0.0.1:9",
+    ),
+    "an unknown logger": (["logger=wandb"], "unknown option 'wandb' for config group 'logger'"),
+}
+
+
+@pytest.fixture(scope="module")
+def refusals(tmp_path_factory):
+    dirs = [tmp_path_factory.mktemp("bad_search") for _ in BAD]
+    results = run_many(
+        [(cwd, [*BAD[n][0], "hydra.run.dir=run"]) for n, cwd in zip(BAD, dirs, strict=True)]
+    )
+    return {name: (cwd, r) for name, cwd, r in zip(BAD, dirs, results, strict=True)}
+
+
+@pytest.mark.parametrize("name", BAD)
+def test_bad_search_input_fails_fast_in_one_line(refusals, name):
+    cwd, result = refusals[name]
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ") and BAD[name][1] in lines[0], lines[0]
+    assert result.seconds < 10, f"took {result.seconds:.1f} s after the imports"
+    assert set(cwd.iterdir()) <= {cwd / "run"}
+    assert not (cwd / "run" / "tune").exists() and not (cwd / "run" / "metrics.jsonl").exists()
