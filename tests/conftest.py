@@ -1,15 +1,13 @@
-"""Shared helpers: Hydra's compose API over conf/, and the CLI run as a real subprocess."""
+"""Shared helpers: Hydra's compose API over conf/, and the CLI run in a forked child (cli_forks)."""
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import cli_forks
 import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
@@ -64,19 +62,11 @@ def run_cli(
     env: dict[str, str] | None = None,
 ) -> CliResult:
     """`python -m runner` in `cwd` (so the installed package is used), run dir under cwd;
-    `env` adds to the environment."""
-    start = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-m", "runner", *overrides, f"hydra.run.dir={run_dir}"],
-        cwd=cwd,
-        env={**os.environ, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    return CliResult(
-        proc.returncode, proc.stdout, proc.stderr, time.perf_counter() - start, cwd / run_dir
-    )
+    `env` adds to the environment. The CLI's entry point runs in a child forked from one
+    process that imported it once (tests/cli_forks.py); `seconds` count from the fork."""
+    args = [*overrides, f"hydra.run.dir={run_dir}"]
+    proc = cli_forks.server().run(cwd, args, {**os.environ, **(env or {})}, timeout)
+    return CliResult(proc.returncode, proc.stdout, proc.stderr, proc.seconds, cwd / run_dir)
 
 
 @pytest.fixture
