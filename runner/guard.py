@@ -35,7 +35,10 @@ def watched(name: str) -> bool:
 
 
 def non_finite(result: dict) -> dict[str, float]:
-    """The watched metrics of one RLlib result that are NaN or inf, by path."""
+    """The watched metrics of one RLlib result that are NaN or inf, by path. An episode
+    return counts only in an iteration that ended episodes: in one that ended none, RLlib
+    reports a NaN mean once earlier episodes exist (SAC and DQN, often)."""
+    ended = (result.get("env_runners") or {}).get("num_episodes", 1)
     return {
         name: float(value)
         for name, value in _leaves(result)
@@ -43,6 +46,7 @@ def non_finite(result: dict) -> dict[str, float]:
         and not isinstance(value, bool)
         and not math.isfinite(float(value))
         and watched(name)
+        and (ended or not name.startswith("env_runners/"))
     }
 
 

@@ -638,6 +638,18 @@ def test_guard_watches_losses_gradient_norms_and_returns():
     )
 
 
+def test_guard_ignores_the_nan_return_of_an_iteration_that_ended_no_episode():
+    """SAC on Pendulum with 8 envs, measured here: iteration 8 ended no episode, and
+    RLlib's result held episode_return_mean = nan beside num_episodes = 0."""
+    nan = float("nan")
+    quiet = {"env_runners": {"num_episodes": 0, "episode_return_mean": nan}}
+    assert guard.non_finite(quiet) == {}
+    broken = {"env_runners": {"num_episodes": 8, "episode_return_mean": nan}}
+    assert set(guard.non_finite(broken)) == {"env_runners/episode_return_mean"}
+    loss = {"env_runners": {"num_episodes": 0}, "learners": {"p": {"total_loss": nan}}}
+    assert set(guard.non_finite(loss)) == {"learners/p/total_loss"}
+
+
 def test_stall_bound_is_fixed_or_follows_the_median_iteration():
     config = WatchdogConfig(first_iteration_seconds=900, median_multiple=10, min_seconds=60)
     assert stall_bound(config, []) == 900
