@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SERVER = r"""
-import atexit, importlib, json, os, site, sys, time
+import atexit, importlib, json, os, site, sys, threading, time
 
 import runner.__main__ as entry
 
@@ -57,7 +57,10 @@ def start(job):
             except SystemExit as ex:
                 code = ex.code if isinstance(ex.code, int) else (0 if ex.code is None else 1)
         finally:
-            atexit._run_exitfuncs()  # as the interpreter's exit would: ray.shutdown() among them
+            # As the interpreter's exit would: threads joined and their exit hooks run (loky's
+            # workers told to stop), then atexit's (ray.shutdown() among them).
+            threading._shutdown()
+            atexit._run_exitfuncs()
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 from cli_forks import run_many
-from conftest import compose_config
+from conftest import compose_config, run_cli
 from mlflow.tracking import MlflowClient
 from readme import commands
 from test_readme import run_block
@@ -200,6 +200,12 @@ def test_interrupted_search_exits_130_and_resume_finishes_it(tmp_path: Path):
     assert "not_finished" in {r["status"] for r in first} or len(first) < 6
     assert json.loads((tmp_path / "first" / "summary.json").read_text())["status"] == "interrupted"
 
+    changed = run_cli(tmp_path, f"resume={tmp_path / 'first'}", "stop.env_steps=3000", run_dir="x")
+    assert changed.returncode == 2, changed.stderr
+    assert changed.stderr.strip().splitlines() == [
+        f"error: resume={tmp_path / 'first'} continues a search as it began; drop the stop.* "
+        "overrides (Ray Tune restores the search's own), or start a new search"
+    ]
     resumed = subprocess.run(
         [sys.executable, "-m", "runner", f"resume={tmp_path / 'first'}", "hydra.run.dir=second"],
         cwd=tmp_path,

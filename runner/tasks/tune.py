@@ -20,9 +20,11 @@ import signal
 import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
+from omegaconf import OmegaConf
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler
 from ray.tune.search import BasicVariantGenerator
@@ -38,7 +40,7 @@ from runner.results import tracking, trials
 from runner.results.files import headline, write_json
 from runner.resume import SEARCH_DIR
 from runner.schema import NonFinite, RunnerConfig, TaskSettings
-from runner.shutdown import HANDLED, Interrupted, install_default
+from runner.shutdown import HANDLED, Interrupted, in_main_thread, install_default
 from runner.tasks.base import Task, TaskRun
 from runner.tasks.train import carry_last_return, stop_reason
 
@@ -92,6 +94,26 @@ def check(settings: RunnerConfig, spec: CompileSpec | None) -> list[str]:
     for values in search.sample_each(settings.search.space):
         build_algorithm_config(search.with_values(settings, values), spec)
     return []
+
+
+# What Ray Tune's restore keeps from the search's start (its TuneConfig) or what the
+# trials resumed from their checkpoints must share with the finished ones.
+FIXED_WHEN_RESUMED = ("task", "search", "stop")
+
+
+def same_as_begun(settings: RunnerConfig, run_dir: Path) -> None:
+    """A resumed search runs with the settings it began with: refuse a change to them."""
+    saved = run_dir / ".hydra" / "config.yaml"
+    if not saved.is_file():
+        return
+    began = OmegaConf.to_container(OmegaConf.load(saved), resolve=True)
+    now = OmegaConf.to_container(OmegaConf.structured(settings), resolve=True, enum_to_str=True)
+    changed = [k for k in FIXED_WHEN_RESUMED if began.get(k) != now.get(k)]  # type: ignore[union-attr]
+    if changed:
+        raise ConfigError(
+            f"resume={run_dir} continues a search as it began; drop the {', '.join(changed)}.* "
+            "overrides (Ray Tune restores the search's own), or start a new search"
+        )
 
 
 def scale_plan(plan: Plan, settings: RunnerConfig) -> Plan:
@@ -195,6 +217,7 @@ def make_tuner(run: TaskRun, experiment: str | None) -> tune.Tuner:
         run.config.algo_class.default_resource_request(run.config),
     )
     if run.checkpoint is not None:
+        same_as_begun(settings, run.checkpoint.parent)
         shutil.copytree(run.checkpoint, tune_dir)
         console.print(f"continuing the search of {run.checkpoint.parent}")
         return tune.Tuner.restore(
@@ -247,7 +270,7 @@ def fit(tuner: tune.Tuner) -> int | None:
         signal.raise_signal(signal.SIGINT)
 
     for s in HANDLED:
-        if s != signal.SIGINT:
+        if s != signal.SIGINT and in_main_thread():
             signal.signal(s, to_sigint)
     os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")  # see trial()
     try:
