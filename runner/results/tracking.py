@@ -13,7 +13,6 @@ with artifacts beside it: no server to start.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -113,8 +112,11 @@ def mlflow_experiment(uri_setting: str | None, name: str) -> tuple[Any, str]:
     try:
         experiment = client.get_experiment_by_name(name)
         if experiment is None:
-            with contextlib.suppress(Exception):  # a parallel job created it first
+            try:
                 client.create_experiment(name, artifact_location=artifact_root(uri_setting, name))
+            except Exception:
+                if client.get_experiment_by_name(name) is None:  # not a parallel job's
+                    raise
             experiment = client.get_experiment_by_name(name)
     except Exception as ex:
         raise ConfigError(
