@@ -8,9 +8,12 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
+from ray._private.ray_constants import MIN_RESOURCE_GRANULARITY
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 
 from runner.errors import ConfigError
+
+UNITS = round(1 / MIN_RESOURCE_GRANULARITY)  # Ray's fixed-point units per CPU or GPU
 
 
 @dataclass(frozen=True)
@@ -32,27 +35,39 @@ class Plan:
     # one than the scaling keys (a search: fewer concurrent trials).
     fix: str = ""
 
-    def _sum(self, key: str, actors_only: bool) -> float:
-        return sum(
-            g.count * getattr(g, key) for g in self.groups if not (actors_only and g.role == "main")
+    def _sum(self, key: str, roles: str = "all") -> float:
+        """`key` summed over the groups (`roles`: all, actors, main) in Ray's own
+        fixed-point units (1/10,000 of a CPU or GPU), as Ray counts them: in floats,
+        30 EnvRunners x 0.1 GPU come to more than 3."""
+        units = sum(
+            g.count * round(getattr(g, key) * UNITS)
+            for g in self.groups
+            if roles == "all" or (g.role == "main") == (roles == "main")
         )
+        return units / UNITS
 
     @property
     def total_cpus(self) -> float:
-        return self._sum("cpus_each", actors_only=False)
+        return self._sum("cpus_each")
 
     @property
     def total_gpus(self) -> float:
-        return self._sum("gpus_each", actors_only=False)
+        return self._sum("gpus_each")
 
     @property
     def actor_cpus(self) -> float:
         """What Ray itself must schedule: the main process is the driver, not an actor."""
-        return self._sum("cpus_each", actors_only=True)
+        return self._sum("cpus_each", "actors")
 
     @property
     def actor_gpus(self) -> float:
-        return self._sum("gpus_each", actors_only=True)
+        return self._sum("gpus_each", "actors")
+
+    @property
+    def main_gpus(self) -> float:
+        """The driver's own share (a local Learner's GPU): Ray never schedules the driver,
+        so these must be GPUs of the machine it runs on."""
+        return self._sum("gpus_each", "main")
 
     def copies(self, n: int, why: str) -> Plan:
         """The actors of `n` such runs driven by one main process (e.g. eager + compiled)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -28,7 +29,8 @@ LEARNER_PLACEMENT_ALGOS = ("IMPALA", "APPO")
 
 @dataclass
 class Resources:
-    """What the run can use: this machine, or a Ray cluster."""
+    """What the run can use: this machine, or a Ray cluster; and the GPUs this process
+    (the driver) sees through torch.cuda, where the main process's share runs."""
 
     where: str
     cpus: float
@@ -36,6 +38,10 @@ class Resources:
     gpu_names: list[str]
     cpu_model: str = ""
     local: bool = False  # a local Ray, whose CPU count ray.num_cpus sets
+    # By CUDA index: names and compute capabilities ("8.0"); and the kernels torch has.
+    driver_gpus: list[str] = field(default_factory=list)
+    driver_capabilities: list[str] = field(default_factory=list)
+    torch_cuda_archs: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -62,17 +68,33 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def driver_cuda() -> dict[str, list[str]]:
+    """The GPUs this process sees through torch.cuda, their compute capabilities, and the
+    CUDA architectures this torch build has kernels for."""
+    if not torch.cuda.is_available():
+        return {}
+    count = torch.cuda.device_count()
+    return {
+        "driver_gpus": [torch.cuda.get_device_name(i) for i in range(count)],
+        "driver_capabilities": [
+            "{}.{}".format(*torch.cuda.get_device_capability(i)) for i in range(count)
+        ],
+        "torch_cuda_archs": torch.cuda.get_arch_list(),
+    }
+
+
 def local_resources(ray_cfg: RayConfig) -> Resources:
     """This machine as a local Ray would see it (ray.num_cpus / ray.num_gpus override)."""
-    cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    names = [torch.cuda.get_device_name(i) for i in range(cuda)]
+    cuda = driver_cuda()
+    names = cuda.get("driver_gpus", [])
     return Resources(
         where="this machine",
         cpus=float(ray_cfg.num_cpus if ray_cfg.num_cpus is not None else os.cpu_count() or 1),
-        gpus=float(ray_cfg.num_gpus if ray_cfg.num_gpus is not None else cuda),
+        gpus=float(ray_cfg.num_gpus if ray_cfg.num_gpus is not None else len(names)),
         gpu_names=names,
         cpu_model=cpu_model(),
         local=True,
+        **cuda,
     )
 
 
@@ -88,7 +110,42 @@ def cluster_resources(address: str) -> Resources:
         gpus=float(total.get("GPU", 0)),
         gpu_names=names,
         cpu_model=cpu_model(),
+        **driver_cuda(),
     )
+
+
+def is_gpu_of(name: str, family: str) -> bool:
+    """Whether `name` (torch's or Ray's name of a GPU) is of `family`, as a whole model
+    number: A100-SXM4-80GB and V100S are, an RTX A1000 is no A100 and a GH200 no H200."""
+    return re.search(rf"(?<![A-Za-z0-9]){re.escape(family)}(?![0-9])", name, re.I) is not None
+
+
+def _capability(text: str) -> tuple[int, int]:
+    major, minor = text.split(".")
+    return int(major), int(minor)
+
+
+def has_kernels(capability: str, archs: list[str]) -> bool:
+    """Whether a device of `capability` ("7.0") runs a torch built for `archs`
+    (torch.cuda.get_arch_list()): binary sm_XY kernels run on the same major version at
+    minor Y or above; PTX (compute_XY) is compiled for any device from X.Y up."""
+    major, minor = _capability(capability)
+    for arch in archs:
+        kind, _, digits = arch.partition("_")
+        number = re.match(r"\d+", digits)
+        if number is None:
+            continue
+        arch_major, arch_minor = divmod(int(number.group()), 10)
+        if kind == "sm" and arch_major == major and arch_minor <= minor:
+            return True
+        if kind == "compute" and (arch_major, arch_minor) <= (major, minor):
+            return True
+    return False
+
+
+def _cpu_build() -> str:
+    cpu_only = torch.version.cuda is None and torch.version.hip is None
+    return f" (torch {torch.__version__} is a CPU build)" if cpu_only else ""
 
 
 def _breakdown(plan: Plan, key: str, unit: str, actors_only: bool = False) -> str:
@@ -106,20 +163,25 @@ def _hardware_problems(settings: RunnerConfig, plan: Plan, res: Resources) -> li
     if hw.accelerator == Accelerator.cuda and res.gpus == 0:
         gpu = f"an NVIDIA {hw.gpu_name} GPU" if hw.gpu_name else "an NVIDIA GPU"
         problems.append(
-            f"hardware={hw.name} expects {gpu} but {res.where} has no GPU; "
-            f"use hardware=cpu, connect to a GPU cluster with ray.address=..., {FORCE_HINT}"
+            f"hardware={hw.name} expects {gpu} but {res.where} has no GPU"
+            f"{_cpu_build() if res.local else ''}; use hardware=cpu, connect to a GPU cluster "
+            f"with ray.address=..., {FORCE_HINT}"
         )
-    elif (
-        hw.accelerator == Accelerator.cuda
-        and hw.gpu_name
-        and res.gpu_names
-        and not any(hw.gpu_name.lower() in name.lower() for name in res.gpu_names)
-    ):
-        problems.append(
-            f"hardware={hw.name} expects an {hw.gpu_name} GPU but {res.where} has "
-            f"{', '.join(sorted(set(res.gpu_names)))}; pick the matching hardware profile, "
-            f"{FORCE_HINT}"
-        )
+    elif hw.accelerator == Accelerator.cuda and hw.gpu_name and res.gpu_names:
+        # The driver's own GPU serves the main process's share (a local Learner).
+        names = sorted(set(res.gpu_names) | set(res.driver_gpus if plan.main_gpus else []))
+        others = [name for name in names if not is_gpu_of(name, hw.gpu_name)]
+        if others:
+            fix = (
+                f"Ray may place a GPU actor on any of them: make only the {hw.gpu_name}s "
+                "visible (CUDA_VISIBLE_DEVICES=...)"
+                if len(others) < len(names)
+                else "pick the matching hardware profile"
+            )
+            problems.append(
+                f"hardware={hw.name} expects an NVIDIA {hw.gpu_name} GPU but {res.where} has "
+                f"{', '.join(names)}; {fix}, {FORCE_HINT}"
+            )
     if hw.accelerator == Accelerator.cpu and plan.total_gpus > 0:
         problems.append(
             f"hardware=cpu but the plan asks for {plan.total_gpus:g} GPU(s) "
@@ -129,7 +191,26 @@ def _hardware_problems(settings: RunnerConfig, plan: Plan, res: Resources) -> li
     return problems
 
 
+def _driver_gpu_problems(settings: RunnerConfig, plan: Plan, res: Resources) -> list[str]:
+    """The main process's GPU share (a local Learner, the benchmarked module) is used by
+    this process, which Ray never schedules: a GPU of the cluster cannot serve it."""
+    if plan.main_gpus == 0 or res.driver_gpus:
+        return []
+    (main,) = [g for g in plan.groups if g.role == "main"]
+    fix = "run this command on a machine with a GPU"
+    if not res.local and settings.scaling.num_learners == 0 and "Learner" in main.note:
+        fix += " or give the Learner an actor of its own with scaling.num_learners=1"
+    return [
+        f"the main process ({main.note}) needs {plan.main_gpus:g} GPU, but this process sees "
+        f"no GPU through torch.cuda{_cpu_build()}"
+        + ("" if res.local else "; Ray never schedules the driver: no cluster GPU serves it")
+        + f"; {fix}, {FORCE_HINT}"
+    ]
+
+
 def _gpu_shortfall(plan: Plan, res: Resources) -> list[str]:
+    """The main process's GPUs count too: the driver's GPU is one of the machine's (or of
+    the cluster's, on a node of its own), which Ray may also hand to an actor."""
     if plan.total_gpus <= res.gpus:
         return []
     return [
@@ -137,6 +218,46 @@ def _gpu_shortfall(plan: Plan, res: Resources) -> list[str]:
         f"but {res.where} has {res.gpus:g}; lower scaling.num_learners or "
         f"scaling.num_gpus_per_learner, or connect to a cluster with ray.address=..., "
         f"{FORCE_HINT}"
+    ]
+
+
+def _kernel_problems(settings: RunnerConfig, res: Resources) -> list[str]:
+    """A GPU this torch build has no kernels for fails at its first kernel ("no kernel
+    image is available"): the driver's GPUs against torch.cuda.get_arch_list()."""
+    cuda = settings.hardware.accelerator == Accelerator.cuda
+    if not cuda or not res.torch_cuda_archs or torch.version.hip is not None:  # ROCm: gfx*
+        return []
+    for name, capability in zip(res.driver_gpus, res.driver_capabilities, strict=True):
+        if has_kernels(capability, res.torch_cuda_archs):
+            continue
+        sm = "sm_" + capability.replace(".", "")
+        build = (
+            "e.g. PyTorch's CUDA 12.6 wheels, which alone kept Maxwell, Pascal and Volta in "
+            "release 2.11's support matrix: pip install torch --index-url "
+            "https://download.pytorch.org/whl/cu126"
+            if _capability(capability) < (7, 5)
+            else "see https://pytorch.org/get-started/locally/"
+        )
+        return [
+            f"{name} has compute capability {capability} ({sm}), but torch "
+            f"{torch.__version__} has kernels for {' '.join(res.torch_cuda_archs)} only; "
+            f"install a torch build with {sm} kernels ({build}), {FORCE_HINT}"
+        ]
+    return []
+
+
+def _shared_gpu_learners(config: AlgorithmConfig) -> list[str]:
+    """GPU Learners form one NCCL group, which refuses two ranks on one GPU."""
+    count, gpus = config.num_learners, config.num_gpus_per_learner
+    if count < 2 or not 0 < gpus < 1:
+        return []
+    return [
+        f"scaling.num_learners={count} with scaling.num_gpus_per_learner={gpus:g}: Ray packs "
+        "these Learners onto shared GPUs, and RLlib's GPU Learners form one NCCL group that "
+        "aborts with 'Duplicate GPU detected' when two share a GPU (Ray issue #48012; RLlib's "
+        "examples/gpus/fractional_gpus_per_learner.py expects that error); use one Learner "
+        "per GPU (scaling.num_gpus_per_learner=1), or scaling.num_learners=0 with a "
+        f"fractional local Learner, {FORCE_HINT}"
     ]
 
 
@@ -272,7 +393,13 @@ def check(
     check_env(settings, config)
     report = Report(warnings=list(warnings))
     # A hardware problem already names missing GPUs: the GPU count is checked only without one.
-    report.problems += _hardware_problems(settings, plan, res) or _gpu_shortfall(plan, res)
+    report.problems += (
+        _hardware_problems(settings, plan, res)
+        or _driver_gpu_problems(settings, plan, res)
+        or _gpu_shortfall(plan, res)
+    )
+    report.problems += _kernel_problems(settings, res)
+    report.problems += _shared_gpu_learners(config)
     cpu_problems, cpu_warnings = _cpu_shortfall(plan, res)
     report.problems += cpu_problems
     report.warnings += cpu_warnings

@@ -27,6 +27,7 @@ from typing import Any
 from runner import docs
 from runner import overrides as ov
 from runner.errors import RunnerError, one_line, tool_exit_code
+from runner.preflight import is_gpu_of
 from runner.results import plots, seeds
 from runner.results.files import write_csv
 from runner.sweep import job_row
@@ -88,13 +89,36 @@ def find_results(paths: list[Path]) -> tuple[list[tuple[Path, dict[str, Any]]], 
     return [(run_dir, data) for _, run_dir, data in found], others
 
 
+def _gpu(data: dict[str, Any]) -> str | None:
+    """The GPU a bench ran on: its own record (older files: the machine's first GPU)."""
+    if not data.get("device", "cpu").startswith("cuda"):
+        return None
+    return data.get("device_name") or next(iter(data["hardware"].get("gpu_names", [])), None)
+
+
 def measured_on(data: dict[str, Any]) -> str:
     hw = data["hardware"]
-    if data.get("device", "cpu").startswith("cuda") and hw.get("gpu_names"):
-        where = hw["gpu_names"][0]
-    else:
-        where = f"{hw.get('cpu_model') or 'CPU'} ({hw['cpus']:g} CPUs)"
+    where = _gpu(data) or f"{hw.get('cpu_model') or 'CPU'} ({hw['cpus']:g} CPUs)"
     return f"{where}, torch {data['versions']['torch']}"
+
+
+def _cuda_graph_notes(data: dict[str, Any]) -> list[str]:
+    """What a CUDA-graph run did that the published torch 2.0.1 runs did not."""
+    repro, rows = data["reproduction"], data.get("rows", [])
+    if not _gpu(data):
+        return []  # on a CPU, as published: no CUDA graphs
+    notes = []
+    skipped = sum(r.get("cudagraph_skips", 0) for r in rows)
+    if skipped and not sum(r.get("cudagraph_recordings", 0) for r in rows):
+        notes.append(f"no CUDA graph ran: torch skipped them {skipped} time(s)")
+    if repro["backend"] == "cudagraphs" and data.get("parameters_as_graph_inputs"):
+        notes.append(
+            "cudagraphs: this torch passes the parameters as ordinary graph inputs (dynamo's "
+            "inline_inbuilt_nn_modules), so the backend copies every weight into its graph's "
+            "buffers on each replay; torch 2.0.1 lifted them as fixed inputs, which it did "
+            "not copy"
+        )
+    return notes
 
 
 def differences(data: dict[str, Any]) -> list[str]:
@@ -112,8 +136,8 @@ def differences(data: dict[str, Any]) -> list[str]:
             )
         elif not data.get("device", "cpu").startswith("cuda"):
             out.append(f"published on an NVIDIA {repro['hardware']} GPU, measured on the CPU")
-        elif hw.get("gpu_names") and repro["hardware"] not in hw["gpu_names"][0]:
-            out.append(f"published on {repro['hardware']}, measured on {hw['gpu_names'][0]}")
+        elif (gpu := _gpu(data)) and not is_gpu_of(gpu, repro["hardware"]):
+            out.append(f"published on {repro['hardware']}, measured on {gpu}")
     elif not on_gpu:
         out.append("published with a GPU Learner, measured with a CPU Learner")
     torch_here = data["versions"]["torch"]
@@ -124,6 +148,7 @@ def differences(data: dict[str, Any]) -> list[str]:
     cpu = hw.get("cpu_model") or ""
     if repro["backend"] == "ipex" and "AMD" in cpu:
         out.append("ipex is Intel's extension, run here on an AMD CPU")
+    out += _cuda_graph_notes(data)
     for key, value in repro.get("method", {}).items():
         if key in data and data[key] != value:
             out.append(f"{key} {data[key]:g} vs {value:g}")

@@ -43,7 +43,8 @@ class HardwareConfig:
 
     name: str = MISSING
     accelerator: Accelerator = MISSING
-    # Substring of torch.cuda.get_device_name() the profile expects, e.g. "A100".
+    # The GPU model the profile expects, e.g. "A100": matched as a whole model number in
+    # torch's and Ray's GPU names (A100-SXM4-80GB is one, an RTX A1000 is not).
     gpu_name: str | None = None
     num_gpus_per_learner: float = 0.0
     num_gpus_per_env_runner: float = 0.0

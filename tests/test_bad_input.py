@@ -127,6 +127,19 @@ CASES = {
         ["experiment=exploration_onnxrt_default"],
         "or add scale=local",
     ),
+    "onnxrt on GPU EnvRunners": (
+        ["hardware=gpu", "compile=onnxrt_default", "scaling.num_env_runners=1"]
+        + ["scaling.num_gpus_per_env_runner=0.5"],
+        "runs on onnxruntime's CPU provider, but the EnvRunners run on a GPU",
+    ),
+    "onnxrt bench on a GPU profile": (
+        ["task=inference_bench", "compile=onnxrt_default", "hardware=a100"],
+        "but the benchmarked module runs on a GPU",
+    ),
+    "fractional GPUs over several Learners": (
+        ["hardware=t4", "scaling.num_learners=2", "scaling.num_gpus_per_learner=0.5"],
+        "'Duplicate GPU detected'",
+    ),
 }
 
 

@@ -194,6 +194,9 @@ WAYS: dict[str, Way] = {
         SMALL_BATCH, expect="sweep: 2 jobs, 0 failed"
     ),
     "ray stop": Way(expect="Stopped"),
+    # On a GPU (run by tests/test_gpu_smoke.py, which checks what the dry run planned)
+    "python benchmarks/gpu_smoke.py --dry-run": Way(expect="written: outputs/gpu_smoke/smoke.md"),
+    "python benchmarks/gpu_smoke.py": Way(code=2, expect="sees no CUDA GPU here"),
     # Results and resume
     # The resumed run composes these overrides, the small batch with them.
     "python -m runner stop.iterations=2 hydra.run.dir=outputs/my_run": Way(
@@ -252,6 +255,7 @@ COMMANDS = commands()
 RUN_ELSEWHERE = {
     "Use what you trained": "tests/test_use_trained.py",
     "Search and track": "tests/test_tune.py",
+    "On a GPU": "tests/test_gpu_smoke.py",
 }
 BLOCKS = sorted(
     {(c.section, c.block) for c in COMMANDS if c.section not in RUN_ELSEWHERE},

@@ -269,3 +269,31 @@ def test_docs_refreshes_the_list_of_reproductions(tmp_path: Path, capsys):
         == f"error: docs: '{missing}' does not exist; pass a Markdown page with marked blocks"
     )
     assert "has no '<!-- measured:begin -->'" in err[1]
+
+
+def gpu_bench(backend: str, **rows: int) -> dict:
+    """A bench.json as a GPU run writes it, as plain data (no GPU here): the machine's first
+    GPU is not the one the bench ran on."""
+    return {
+        "reproduction": {"name": "x", "kind": "inference", "hardware": "A100"}
+        | {"torch": "2.1.0 nightly", "backend": backend, "mode": "default", "published": []},
+        "hardware": {"cpus": 16, "gpus": 2, "gpu_names": ["NVIDIA A100-SXM4-80GB", "NVIDIA H200"]},
+        "versions": {"torch": "2.13.0+cu130"},
+        "device": "cuda",
+        "device_name": "NVIDIA H200",
+        "parameters_as_graph_inputs": True,
+        "rows": [{"batch_size": 1, "cudagraph_skips": 0, "cudagraph_recordings": 1, **rows}],
+    }
+
+
+def test_report_names_the_gpu_measured_on_and_what_cuda_graphs_did():
+    data = gpu_bench("cudagraphs")
+    assert report.measured_on(data) == "NVIDIA H200, torch 2.13.0+cu130"
+    notes = report.differences(data)
+    assert "published on A100, measured on NVIDIA H200" in notes
+    assert any("copies every weight into its graph's buffers on each replay" in n for n in notes)
+    skipped = report.differences(gpu_bench("inductor", cudagraph_skips=2, cudagraph_recordings=0))
+    assert "no CUDA graph ran: torch skipped them 2 time(s)" in skipped
+    assert not any("copies every weight" in n for n in skipped)
+    same = gpu_bench("inductor") | {"device_name": "NVIDIA A100 80GB PCIe"}
+    assert not any(n.startswith("published on") for n in report.differences(same))

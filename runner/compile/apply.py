@@ -11,16 +11,20 @@ for it, so every run can report, per component, whether compile took effect (`re
 from __future__ import annotations
 
 import functools
+import logging
+import os
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import ray
 import torch
 import torch._dynamo
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.core.columns import Columns
 from ray.rllib.core.rl_module.multi_rl_module import MultiRLModule
 from ray.rllib.utils.actor_manager import RemoteCallResults
+from torch._dynamo.callback import CallbackArgs, CallbackTrigger, callback_handler
 from torch._dynamo.utils import counters
 
 from runner.compile.settings import AUTO, MODE_BACKENDS, CompileSpec
@@ -33,6 +37,7 @@ LEARNER_METHODS = ("_forward_train",)
 def compile_function(spec: CompileSpec, fn: Callable) -> Callable:
     """torch.compile(fn) with this spec; inductor freezing stays off (weights change)."""
     load_backend(spec.backend)
+    watch_cuda_graphs()
     kwargs: dict[str, Any] = {"backend": spec.backend, "dynamic": spec.dynamic}
     if spec.backend in MODE_BACKENDS and spec.mode not in (None, "default"):
         kwargs["mode"] = spec.mode
@@ -57,19 +62,86 @@ def load_backend(backend: str) -> None:
 
 
 # What a CompiledCall counts: its share of the process-wide counters of dynamo, inductor
-# and the onnxrt backend (sessions rebuilt with new weights after a weight sync).
+# (CUDA graphs it skipped), the onnxrt backend (sessions rebuilt with new weights after a
+# weight sync) and watch_cuda_graphs (CUDA graphs recorded).
 COUNTED = {
     "frames": ("frames", "ok"),
     "unique_graphs": ("stats", "unique_graphs"),
     "cache_hits": ("inductor", "fxgraph_cache_hit"),
     "cache_misses": ("inductor", "fxgraph_cache_miss"),
+    "cudagraph_skips": ("inductor", "cudagraph_skips"),
+    "cudagraph_recordings": ("cudagraphs", "recordings"),
     "session_rebuilds": ("onnxrt", "rebuilds"),
     "rebuild_seconds": ("onnxrt", "rebuild_seconds"),
 }
+# Why torch skipped CUDA graphs, in this process, as it logged each skip (in order).
+SKIP_REASONS: list[str] = []
+SKIP_PREFIX = "skipping cudagraphs due to "
 
 
-def _counts() -> dict[str, int]:
+def counts() -> dict[str, int]:
+    """The process-wide counters COUNTED names, now."""
     return {name: counters[group][key] for name, (group, key) in COUNTED.items()}
+
+
+def _count_recording(args: CallbackArgs) -> None:
+    if args.callback_trigger == CallbackTrigger.CUDAGRAPH_RECORDING:
+        counters["cudagraphs"]["recordings"] += 1
+
+
+# Where torch logs a CUDA-graph skip: its cudagraphs artifact (torch 2.13), its perf
+# hints (torch 2.8, the ipex extra's).
+SKIP_LOGGERS = (
+    "torch._inductor.cudagraph_utils.__cudagraphs",
+    "torch._inductor.cudagraph_utils.__perf_hints",
+)
+
+
+class _SkipReasons(logging.Handler):
+    """Keeps the reason of each CUDA-graph skip torch logs ("skipping cudagraphs due to
+    ..."; a CPU-only graph is skipped without one), and nothing else those loggers say."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        reason = record.getMessage().split(". Found from", 1)[0].splitlines()[0]
+        if not reason.startswith(SKIP_PREFIX):
+            return
+        while reason.startswith(SKIP_PREFIX):
+            reason = reason[len(SKIP_PREFIX) :]
+        SKIP_REASONS.append(reason)
+
+
+def watch_cuda_graphs() -> None:
+    """Count CUDA graphs as torch records them (its CUDAGRAPH_RECORDING callback, which
+    dynamo.reset() clears) and keep why it skips them; idempotent, in the calling process.
+
+    Inductor counts only skips: a CUDA-graph mode that never recorded a graph would
+    otherwise look like compile took full effect."""
+    if _count_recording not in callback_handler.end_callbacks:
+        callback_handler.register_end_callback(_count_recording)
+    for name in SKIP_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(h, _SkipReasons) for h in logger.handlers):
+            logger.addHandler(_SkipReasons())
+
+
+def limit_compile_threads() -> None:
+    """In an actor, no more inductor compile workers than the CPUs Ray gave it (at least
+    one); inductor's own default is min(32, the node's cores) in every process, so 64
+    one-CPU EnvRunners on a 64-core node would start 2,048. Before the actor's first
+    compile, which starts the workers. The driver, and a TORCHINDUCTOR_COMPILE_THREADS of
+    the user's (their ray.runtime_env's env_vars, or their shell's), are left as they are."""
+    if "TORCHINDUCTOR_COMPILE_THREADS" in os.environ:
+        return
+    context = ray.get_runtime_context()
+    if context.worker.mode != ray.WORKER_MODE:
+        return
+    import torch._inductor.config
+
+    cpus = context.get_assigned_resources().get("CPU", 0)
+    torch._inductor.config.compile_threads = max(1, int(cpus))
 
 
 class CompiledCall:
@@ -87,6 +159,7 @@ class CompiledCall:
         self.first_call_seconds: float | None = None
         self.recompiles = 0
         self.counts = dict.fromkeys(COUNTED, 0)
+        self.skip_reasons: list[str] = []
         self.last_args: tuple | None = None
         self.last_kwargs: dict | None = None
 
@@ -98,16 +171,19 @@ class CompiledCall:
 
     def _counted(self, args: tuple, kwargs: dict) -> Any:
         """The compiled call, with what it made dynamo, inductor or onnxrt do."""
-        before, start = _counts(), time.perf_counter()
+        before, reasons, start = counts(), len(SKIP_REASONS), time.perf_counter()
         out = self.compiled(*args, **kwargs)
         seconds = time.perf_counter() - start
-        after = _counts()
+        after = counts()
         if self.calls == 0:
             self.first_call_seconds = seconds
         elif after["frames"] > before["frames"]:
             self.recompiles += 1
         for name in COUNTED:
             self.counts[name] += after[name] - before[name]
+        for reason in SKIP_REASONS[reasons:]:
+            if reason not in self.skip_reasons:
+                self.skip_reasons.append(reason)
         return out
 
     def max_abs_diff(self) -> float | None:
@@ -130,6 +206,7 @@ class CompiledCall:
             "first_call_seconds": self.first_call_seconds,
             "recompiles": self.recompiles,
             **self.counts,
+            "cudagraph_skip_reasons": self.skip_reasons,
         }
 
 
@@ -162,6 +239,7 @@ def compile_env_runner(env_runner: Any, spec: CompileSpec, warm_up: bool) -> Non
     module = env_runner.module
     if module is None:
         return
+    limit_compile_threads()
     _wrap(env_runner, module, ENV_RUNNER_METHODS, spec)
     if warm_up and not isinstance(module, MultiRLModule):
         obs = torch.as_tensor(env_runner.env.observation_space.sample())
@@ -170,6 +248,7 @@ def compile_env_runner(env_runner: Any, spec: CompileSpec, warm_up: bool) -> Non
 
 def compile_learner(learner: Any, spec: CompileSpec) -> None:
     """forward_train of every sub-module, or wrap RLlib's own compiled complete update."""
+    limit_compile_threads()
     spec = spec.for_learners()
     if spec.learner_granularity == "complete_update":
         calls = getattr(learner, "_runner_compiled", {})

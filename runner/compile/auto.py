@@ -45,12 +45,13 @@ from runner.compile.settings import (
     CompileSpec,
     available_backends,
     ipex_problem,
+    module_device,
 )
 from runner.envs import make_env, random_rollout
 from runner.errors import ConfigError, did_you_mean, one_line
 from runner.preflight import cpu_model
 from runner.results.files import write_json
-from runner.schema import AutoConfig, RunnerConfig, ScalingConfig
+from runner.schema import AutoConfig, RunnerConfig
 
 KINDS = ("env_runners", "learners")
 METHODS = {"env_runners": "forward_exploration", "learners": "forward_train"}
@@ -112,13 +113,6 @@ def skip_reason(preset: str, kind: str, device: str) -> str | None:
     return None
 
 
-def device_of(scaling: ScalingConfig, kind: str) -> str:
-    """Where a component kind's modules sit: on a GPU if its actors get one."""
-    if kind == "env_runners":
-        return "cuda" if scaling.num_gpus_per_env_runner > 0 else "cpu"
-    return "cuda" if scaling.num_gpus_per_learner > 0 else "cpu"
-
-
 def wanted_kinds(settings: RunnerConfig) -> list[str]:
     """The component kinds a run compiles (compile.env_runners, compile.learners)."""
     flags = {"env_runners": settings.compile.env_runners, "learners": settings.compile.learners}
@@ -155,7 +149,7 @@ def component(settings: RunnerConfig, config: AlgorithmConfig, kind: str) -> Com
         kind=kind,
         batch_size=int(batch),
         threads=threads,
-        device=device_of(s, kind),
+        device=module_device(s, kind),
         dynamic=settings.compile.dynamic,
         expected_calls=max(1, int(calls)),
         calls_from=f"{calls_from} {iterations} iterations",
@@ -194,7 +188,7 @@ def check(settings: RunnerConfig, kinds: list[str] | None = None) -> None:
             "compile.learners=true"
         )
     for kind in kinds:
-        device = device_of(settings.scaling, kind)
+        device = module_device(settings.scaling, kind)
         reasons = {c: skip_reason(c, kind, device) for c in auto.candidates}
         if all(reasons.values()):
             why = "; ".join(f"{c}: {r}" for c, r in reasons.items()) or "the list is empty"

@@ -115,6 +115,11 @@ class OnnxrtGraph:
             raise ConfigError(
                 "the onnxrt backend takes tensor inputs only; use compile.dynamic=false"
             )
+        if any(x.device.type != "cpu" for x in example_inputs):
+            raise ConfigError(
+                "the onnxrt backend runs on onnxruntime's CPU provider: it compiles modules "
+                "on the CPU only; pick another backend for a GPU module"
+            )
         names = [
             f"param_{i}" if _is_parameter(x) else f"input_{i}" for i, x in enumerate(example_inputs)
         ]

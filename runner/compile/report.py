@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import torch
 from torch._dynamo.utils import counters
 
 from runner.compile.apply import CompiledCall, plain_values
-from runner.compile.settings import CompileSpec
+from runner.compile.settings import CompileSpec, uses_cuda_graphs
 
 SUMMED = (
     "frames",
@@ -22,6 +24,8 @@ SUMMED = (
     "recompiles",
     "cache_hits",
     "cache_misses",
+    "cudagraph_skips",
+    "cudagraph_recordings",
     "session_rebuilds",
     "rebuild_seconds",
     "calls",
@@ -32,6 +36,10 @@ SUMMED = (
 class ComponentReport:
     component: str
     pid: int
+    device: str
+    device_name: str | None  # the GPU this component's module ran on
+    # Inductor's compile worker threads in this process (null: inductor never loaded).
+    compile_threads: int | None
     took_effect: bool
     compile_seconds: float | None
     frames: int
@@ -39,12 +47,23 @@ class ComponentReport:
     recompiles: int
     cache_hits: int
     cache_misses: int
+    cudagraph_skips: int
+    cudagraph_recordings: int
+    cudagraph_skip_reasons: list[str]
     session_rebuilds: int
     rebuild_seconds: float
     calls: int
     process_frames: int
     max_abs_diff: float | None
     methods: dict[str, dict[str, Any]]
+
+
+def _device(owner: Any) -> torch.device:
+    """Where the component's module sits (its first parameter's device)."""
+    module = getattr(owner, "module", None)
+    params = module.parameters() if isinstance(module, torch.nn.Module) else iter(())
+    first = next(params, None)
+    return first.device if first is not None else torch.device("cpu")
 
 
 def component_report(owner: Any, component: str, verify: bool) -> dict[str, Any]:
@@ -55,13 +74,21 @@ def component_report(owner: Any, component: str, verify: bool) -> dict[str, Any]
         [d for d in (c.max_abs_diff() for c in calls.values()) if d is not None] if verify else []
     )
     seconds = [s["first_call_seconds"] for s in methods.values() if s["first_call_seconds"]]
+    device = _device(owner)
+    inductor_config = sys.modules.get("torch._inductor.config")
     return asdict(
         ComponentReport(
             component=component,
             pid=os.getpid(),
+            device=str(device),
+            device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+            compile_threads=getattr(inductor_config, "compile_threads", None),
             took_effect=any(s["frames"] > 0 for s in methods.values()),
             compile_seconds=sum(seconds) if seconds else None,
             **{key: sum(s[key] for s in methods.values()) for key in SUMMED},
+            cudagraph_skip_reasons=sorted(
+                {r for s in methods.values() for r in s["cudagraph_skip_reasons"]}
+            ),
             process_frames=counters["frames"]["ok"],
             max_abs_diff=max(diffs) if diffs else None,
             methods=methods,
@@ -133,6 +160,13 @@ def summarize(
         f"{section['frames']} frames, {sum(r['recompiles'] for r in reports)} recompiles, "
         f"{sum(seconds):.1f} s in first calls"
     )
+    recordings = sum(r["cudagraph_recordings"] for r in reports)
+    skips = sum(r["cudagraph_skips"] for r in reports)
+    if uses_cuda_graphs(spec) or recordings or skips:
+        reasons = sorted({reason for r in reports for reason in r["cudagraph_skip_reasons"]})
+        line += f", CUDA graphs recorded {recordings} and skipped {skips}" + (
+            f" ({'; '.join(reasons)})" if reasons else ""
+        )
     rebuilds = sum(r["session_rebuilds"] for r in reports)
     if rebuilds:
         rebuild_seconds = sum(r["rebuild_seconds"] for r in reports)
@@ -140,6 +174,11 @@ def summarize(
     if section["max_abs_diff"] is not None:
         line += f", max |compiled - eager| {section['max_abs_diff']:.1e}"
     return section, line
+
+
+def gpus_used(reports: list[dict[str, Any]]) -> dict[str, str]:
+    """Each component that ran on a GPU, with that GPU's name."""
+    return {r["component"]: r["device_name"] for r in reports if r["device_name"]}
 
 
 def max_diff(reports: list[dict[str, Any]]) -> float | None:

@@ -105,30 +105,92 @@ def resolve(compile_cfg: CompileConfig) -> tuple[CompileSpec | None, list[str]]:
     return spec, warnings
 
 
-def compiled_on_cpu(spec: CompileSpec | None, scaling: ScalingConfig) -> list[str]:
-    """The compiled parts of a training run (EnvRunners, Learners) whose modules sit on the CPU."""
+def uses_cuda_graphs(spec: CompileSpec) -> bool:
+    """The cudagraphs backend, or inductor's reduce-overhead and max-autotune modes (both
+    turn CUDA graphs on)."""
+    return spec.backend == "cudagraphs" or (
+        spec.backend == "inductor" and spec.mode in ("reduce-overhead", "max-autotune")
+    )
+
+
+def module_device(scaling: ScalingConfig, kind: str) -> str:
+    """Where RLlib puts a component kind's modules ("env_runners" or "learners"): on a GPU
+    if its actors get one. The local EnvRunner (num_env_runners=0) is given no GPU by
+    RLlib, whatever num_gpus_per_env_runner says; a local Learner does get one."""
+    if kind == "env_runners":
+        on_gpu = scaling.num_env_runners > 0 and scaling.num_gpus_per_env_runner > 0
+    else:
+        on_gpu = scaling.num_gpus_per_learner > 0
+    return "cuda" if on_gpu else "cpu"
+
+
+def compiled_parts(spec: CompileSpec | None, scaling: ScalingConfig) -> dict[str, str]:
+    """The compiled parts of a training run, each with the device its modules sit on."""
+    if spec is None:
+        return {}
+    parts = {}
+    if spec.env_runners:
+        local = scaling.num_env_runners == 0
+        name = "local EnvRunner (scaling.num_env_runners=0)" if local else "EnvRunners"
+        parts[name] = module_device(scaling, "env_runners")
+    if spec.learners:
+        parts["Learners"] = module_device(scaling, "learners")
+    return parts
+
+
+def _run(names: list[str]) -> str:
+    """'the EnvRunners and Learners run', 'the benchmarked module runs'."""
+    singular = len(names) == 1 and not names[0].split(" (")[0].endswith("s")
+    return f"the {' and '.join(names)} {'runs' if singular else 'run'}"
+
+
+def check_placement(spec: CompileSpec | None, parts: dict[str, str], algo: str) -> list[str]:
+    """Compile settings against where the compiled modules sit (`parts`: name -> device):
+    onnxrt on a CUDA module is refused (ConfigError); CUDA graphs on CPU modules, and on
+    DQN's exploration, warn."""
     if spec is None:
         return []
-    parts = (
-        ("EnvRunners", spec.env_runners, scaling.num_gpus_per_env_runner),
-        ("Learners", spec.learners, scaling.num_gpus_per_learner),
-    )
-    return [name for name, wanted, gpus in parts if wanted and gpus == 0]
+    on_cuda = [name for name, device in parts.items() if device == "cuda"]
+    on_cpu = [name for name, device in parts.items() if device == "cpu"]
+    backends = {
+        name: spec.for_learners().backend if name == "Learners" else spec.backend
+        for name in on_cuda
+    }
+    onnxrt = [name for name in on_cuda if backends[name] == "onnxrt"]
+    if onnxrt:
+        raise ConfigError(
+            f"compile.backend=onnxrt runs on onnxruntime's CPU provider, but "
+            f"{_run(onnxrt)} on a GPU (every input and weight would be copied "
+            "to the CPU on each call); keep onnxrt to CPU modules, or pick another backend, "
+            "e.g. compile=inductor_default"
+        )
+    warnings = []
+    if algo == "DQN" and spec.env_runners and spec.dynamic is False:
+        import torch._dynamo
 
-
-def cuda_graph_warning(spec: CompileSpec | None, on_cpu: list[str]) -> str | None:
-    """CUDA graphs asked for on compiled modules that run on the CPU: allowed, but say so.
-
-    `on_cpu` names the compiled parts that run on the CPU (each task knows where its are).
-    """
-    if spec is None or not on_cpu:
-        return None
-    if spec.backend != "cudagraphs" and spec.mode != "reduce-overhead":
-        return None
-    return (
-        f"compile {spec.backend}/{spec.mode}: the {' and '.join(on_cpu)} run on the CPU, "
-        "where no CUDA graphs are used (torch skips them for CPU tensors)"
-    )
+        warnings.append(
+            "compile.dynamic=false: DQN passes forward_exploration its timestep as an int, "
+            "which static shapes specialize on, so each new timestep recompiles until "
+            f"dynamo's recompile limit ({torch._dynamo.config.recompile_limit}) leaves the "
+            "EnvRunners' exploration to eager code (their recompiles in summary.json show "
+            "it); keep compile.dynamic=null"
+        )
+    if not uses_cuda_graphs(spec):
+        return warnings
+    if on_cpu:
+        warnings.append(
+            f"compile {spec.backend}/{spec.mode or 'default'}: {_run(on_cpu)} on the CPU, "
+            "where no CUDA graphs are used (torch skips them for CPU tensors)"
+        )
+    if algo == "DQN" and "EnvRunners" in on_cuda:
+        warnings.append(
+            f"compile {spec.backend}/{spec.mode or 'default'}: DQN's forward_exploration "
+            "writes its epsilon into a CPU tensor's storage on every call (Tensor.data = ...), "
+            "so torch skips CUDA graphs for it (an input storage mutation, a CPU input) and "
+            "the GPU EnvRunners run their compiled kernels without them; summary.json counts "
+            "the skips and their reasons"
+        )
+    return warnings
 
 
 def ipex_problem() -> str | None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runner.compile import report as compile_report
-from runner.compile.settings import CompileSpec, compiled_on_cpu, cuda_graph_warning
+from runner.compile.settings import CompileSpec, check_placement, compiled_parts
 from runner.compose import build_algorithm_config
 from runner.console import console
 from runner.errors import ConfigError
@@ -54,8 +54,7 @@ def check(settings: RunnerConfig, spec: CompileSpec | None) -> list[str]:
             "task.timed_iterations must be >= 1 and task.warmup_iterations >= 0, got "
             f"{task.timed_iterations} and {task.warmup_iterations}"
         )
-    warning = cuda_graph_warning(spec, compiled_on_cpu(spec, settings.scaling))
-    return [warning] if warning else []
+    return check_placement(spec, compiled_parts(spec, settings.scaling), settings.algo.name)
 
 
 def both_copies(plan: Plan, settings: RunnerConfig) -> Plan:

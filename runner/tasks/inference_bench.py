@@ -1,11 +1,13 @@
 """task=inference_bench, after RLlib's published method (run_inference_bm.py).
 
 The env's default PPO RLModule is built as the runner builds it for the EnvRunners, once
-eager and once compiled exactly as the runner compiles EnvRunner modules. One real
-observation is repeated to each batch size; after a burn-in, eager and compiled
-`forward_exploration` calls alternate one by one under no_grad, so both see the same
-machine. Throughput = 1 / median seconds per call (calls per second, not samples);
-speedup = compiled / eager - 1.
+eager and once compiled as the runner compiles EnvRunner modules. As published (a process
+per batch size), each batch size gets a fresh compiled copy with static shapes, dynamo's
+caches emptied before it: one graph per batch size, none shared or recompiled with a
+symbolic batch dimension. One real observation is repeated to each batch size; after a
+burn-in, eager and compiled `forward_exploration` calls alternate one by one under
+no_grad, so both see the same machine. Throughput = 1 / median seconds per call (calls per
+second, not samples); speedup = compiled / eager - 1.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -25,11 +27,12 @@ import torch._dynamo
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.core.columns import Columns
 
-from runner.compile.apply import compile_function
-from runner.compile.settings import CompileSpec, cuda_graph_warning
+from runner.compile.apply import compile_function, counts
+from runner.compile.settings import CompileSpec, check_placement
 from runner.console import console, progress
 from runner.envs import make_env
 from runner.errors import ConfigError
+from runner.plan import Group, Plan
 from runner.results import plots
 from runner.results.files import write_csv, write_json
 from runner.schema import Accelerator, RunnerConfig, TaskSettings
@@ -72,9 +75,19 @@ def check(settings: RunnerConfig, spec: CompileSpec | None) -> list[str]:
         raise ConfigError(
             f"task.threads must be >= 1 (or null: torch's default), got {task.threads}"
         )
-    on_cpu = settings.hardware.accelerator == Accelerator.cpu
-    warning = cuda_graph_warning(spec, ["benchmarked module"] if on_cpu else [])
-    return [warning] if warning else []
+    return check_placement(spec, {"benchmarked module": device(settings)}, settings.algo.name)
+
+
+def device(settings: RunnerConfig) -> str:
+    """Where the bench puts the module: the hardware profile's accelerator."""
+    return "cuda" if settings.hardware.accelerator == Accelerator.cuda else "cpu"
+
+
+def driver_only(plan: Plan, settings: RunnerConfig) -> Plan:
+    """The bench starts no actor: the module runs here, on the GPU for a GPU profile."""
+    gpus = 1.0 if device(settings) == "cuda" else 0.0
+    note = f"the driver: the benchmarked module, on {device(settings)}"
+    return Plan(groups=[Group("main", 1, 1.0, gpus, note)], strategy=plan.strategy)
 
 
 def build_module(config: AlgorithmConfig) -> tuple[torch.nn.Module, torch.Tensor]:
@@ -122,29 +135,42 @@ def measure(
 ) -> list[dict[str, Any]]:
     """Eager vs compiled forward_exploration per batch size, calls alternated one by one.
 
-    Dynamo is reset and inductor gets a fresh cache (unless `cache_dir`), so the first
-    compiled call's seconds are a cold compile. The module's device is used as it is.
+    Each batch size compiles a fresh copy after a dynamo reset, and inductor gets a fresh
+    cache (unless `cache_dir`), so each first compiled call's seconds are a cold compile.
+    The module's device is used as it is.
     """
-    torch._dynamo.reset()
     with _inductor_cache(cache_dir):
         return _measure(module, obs, spec, batch_sizes, iterations, burn_in)
+
+
+# Process-wide counters read around each batch size's calls: what compiling it did.
+COMPILE_COUNTS = ("frames", "unique_graphs", "cudagraph_skips", "cudagraph_recordings")
+
+
+def _compiled_copy(module: torch.nn.Module, spec: CompileSpec) -> torch.nn.Module:
+    """A copy of `module` whose forward_exploration compiles afresh, with static shapes."""
+    torch._dynamo.reset()  # dynamo caches per code object: the copies share theirs
+    twin = copy.deepcopy(module)
+    twin._forward_exploration = compile_function(
+        replace(spec, dynamic=False), twin._forward_exploration
+    )
+    return twin
 
 
 def _measure(module, obs, spec, batch_sizes, iterations, burn_in) -> list[dict[str, Any]]:
     device = next(module.parameters()).device
     cuda = device.type == "cuda"
-    compiled_module = copy.deepcopy(module)
-    compiled_module._forward_exploration = compile_function(
-        spec, compiled_module._forward_exploration
-    )
     rows = []
     calls = 1 + burn_in + iterations  # per batch size: the first (compiling) call, then pairs
     with progress("inference bench calls", len(batch_sizes) * calls) as done:
         for n, batch_size in enumerate(batch_sizes):
             repeated = obs.unsqueeze(0).repeat(batch_size, *[1] * obs.dim())
             batch = {Columns.OBS: repeated.to(device)}
+            compiled_module = _compiled_copy(module, spec)
+            before = counts()
             with torch.no_grad():
                 first_call = _timed(compiled_module, batch, cuda)
+                compiled_once = counts()
                 for _ in range(burn_in):
                     _timed(module, batch, cuda)
                     _timed(compiled_module, batch, cuda)
@@ -155,6 +181,7 @@ def _measure(module, obs, spec, batch_sizes, iterations, burn_in) -> list[dict[s
                     compiled.append(_timed(compiled_module, batch, cuda))
                     if i % 100 == 99:
                         done(n * calls + 1 + burn_in + i + 1)
+            after = counts()
             done((n + 1) * calls)
             eager_tp = 1 / statistics.median(eager)
             compiled_tp = 1 / statistics.median(compiled)
@@ -167,6 +194,8 @@ def _measure(module, obs, spec, batch_sizes, iterations, burn_in) -> list[dict[s
                     "eager_calls_per_s": eager_tp,
                     "compiled_calls_per_s": compiled_tp,
                     "speedup": compiled_tp / eager_tp - 1,
+                    **{key: after[key] - before[key] for key in COMPILE_COUNTS},
+                    "recompiles": after["frames"] - compiled_once["frames"],
                 }
             )
     return rows
@@ -180,7 +209,7 @@ def run(run: TaskRun) -> None:
     if task.threads is not None:
         torch.set_num_threads(task.threads)
     module, obs = build_module(run.config)
-    module.to("cuda" if settings.hardware.accelerator == Accelerator.cuda else "cpu")
+    module.to(device(settings))
     rows = measure(
         module,
         obs,
@@ -190,6 +219,7 @@ def run(run: TaskRun) -> None:
         task.burn_in,
         settings.compile.cache_dir,
     )
+    used = next(module.parameters()).device
     for row in rows:
         console.print(
             f"batch {row['batch_size']:>3} | first call {row['first_call_seconds']:6.2f} s | "
@@ -204,7 +234,12 @@ def run(run: TaskRun) -> None:
         "iterations": task.iterations,
         "burn_in": task.burn_in,
         "threads": torch.get_num_threads(),
-        "device": str(next(module.parameters()).device),
+        "device": str(used),
+        # The GPU measured on, as torch names it (a machine may hold several models).
+        "device_name": torch.cuda.get_device_name(used) if used.type == "cuda" else None,
+        # Parameters as ordinary graph inputs (dynamo's inline_inbuilt_nn_modules): the
+        # cudagraphs backend then copies every weight into its graphs on each replay.
+        "parameters_as_graph_inputs": torch._dynamo.config.inline_inbuilt_nn_modules,
         "rows": rows,
         **run.provenance,
     }
@@ -220,5 +255,6 @@ TASK = Task(
     settings=InferenceBenchSettings,
     run=run,
     check=check,
+    scale_plan=driver_only,
     needs_ray=False,
 )

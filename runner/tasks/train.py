@@ -27,7 +27,7 @@ from ray.rllib.algorithms.algorithm import Algorithm
 from runner import guard, video
 from runner.check import Check
 from runner.compile import report as compile_report
-from runner.compile.settings import CompileSpec, compiled_on_cpu, cuda_graph_warning
+from runner.compile.settings import CompileSpec, check_placement, compiled_parts
 from runner.console import console
 from runner.errors import ConfigError, RunnerError, one_line
 from runner.ray_session import waiting_for
@@ -118,8 +118,7 @@ def check(settings: RunnerConfig, spec: CompileSpec | None) -> list[str]:
         )
     if settings.record.every:
         video.check_renders(settings.env)
-    warning = cuda_graph_warning(spec, compiled_on_cpu(spec, settings.scaling))
-    return [warning] if warning else []
+    return check_placement(spec, compiled_parts(spec, settings.scaling), settings.algo.name)
 
 
 @dataclass
@@ -418,15 +417,16 @@ def run(run: TaskRun) -> None:
     missed check, the crash itself)."""
     figures = train(run)
     progress: Progress = figures.pop("progress")
-    compile_section, compile_line = compile_report.summarize(
-        run.spec, figures.pop("compile_reports"), run.auto
-    )
+    reports = figures.pop("compile_reports")
+    compile_section, compile_line = compile_report.summarize(run.spec, reports, run.auto)
     if figures["iterations"] is not None:
         console.print(compile_line)
     summary = {
         **figures,
         "check": progress.check.to_dict(),
         "compile": compile_section,
+        # The GPU each EnvRunner and Learner ran on (a machine may hold several models).
+        "gpus_used": compile_report.gpus_used(reports),
         **run.provenance,
     }
     write_json(run.run_dir / "summary.json", summary)

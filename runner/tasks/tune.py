@@ -30,7 +30,7 @@ from ray.tune.schedulers import ASHAScheduler
 from ray.tune.search import BasicVariantGenerator
 
 from runner import guard, search
-from runner.compile.settings import CompileSpec, resolve
+from runner.compile.settings import CompileSpec, check_placement, compiled_parts, resolve
 from runner.compose import build_algorithm_config
 from runner.console import console
 from runner.errors import ConfigError, RunnerError
@@ -93,7 +93,7 @@ def check(settings: RunnerConfig, spec: CompileSpec | None) -> list[str]:
     search.check(settings.search.space, settings)
     for values in search.sample_each(settings.search.space):
         build_algorithm_config(search.with_values(settings, values), spec)
-    return []
+    return check_placement(spec, compiled_parts(spec, settings.scaling), settings.algo.name)
 
 
 # What Ray Tune's restore keeps from the search's start (its TuneConfig) or what the
