@@ -178,17 +178,26 @@ def _figures(record: dict[str, Any]) -> str:
 
 
 def rows(records: list[dict[str, Any]]) -> list[dict[str, str]]:
-    return [
-        {
-            "step": r["step"],
-            "ended": _ended(r) if "exit" in r else "skipped: " + r["skipped"],
-            "seconds": f"{r['seconds']:.0f}" if "seconds" in r else "",
-            "ran on": _ran_on(r) if "exit" in r else "",
-            "compiled": _compiled(r) if "exit" in r else "",
-            "figures": _figures(r) if "exit" in r else "",
-        }
-        for r in records
-    ]
+    """One table row per step; a step skipped for want of GPUs says only that."""
+    table = []
+    for r in records:
+        if "skipped" in r:
+            table.append(
+                dict.fromkeys(COLUMNS, "")
+                | {"step": r["step"], "ended": f"skipped: {r['skipped']}"}
+            )
+            continue
+        table.append(
+            {
+                "step": r["step"],
+                "ended": _ended(r),
+                "seconds": f"{r['seconds']:.0f}",
+                "ran on": _ran_on(r),
+                "compiled": _compiled(r),
+                "figures": _figures(r),
+            }
+        )
+    return table
 
 
 def markdown(table: list[dict[str, str]], machine: str) -> str:

@@ -75,18 +75,18 @@ def check(settings: RunnerConfig, spec: CompileSpec | None) -> list[str]:
         raise ConfigError(
             f"task.threads must be >= 1 (or null: torch's default), got {task.threads}"
         )
-    return check_placement(spec, {"benchmarked module": device(settings)}, settings.algo.name)
+    return check_placement(spec, {"benchmarked module": bench_device(settings)}, settings.algo.name)
 
 
-def device(settings: RunnerConfig) -> str:
+def bench_device(settings: RunnerConfig) -> str:
     """Where the bench puts the module: the hardware profile's accelerator."""
     return "cuda" if settings.hardware.accelerator == Accelerator.cuda else "cpu"
 
 
 def driver_only(plan: Plan, settings: RunnerConfig) -> Plan:
     """The bench starts no actor: the module runs here, on the GPU for a GPU profile."""
-    gpus = 1.0 if device(settings) == "cuda" else 0.0
-    note = f"the driver: the benchmarked module, on {device(settings)}"
+    gpus = 1.0 if bench_device(settings) == "cuda" else 0.0
+    note = f"the driver: the benchmarked module, on {bench_device(settings)}"
     return Plan(groups=[Group("main", 1, 1.0, gpus, note)], strategy=plan.strategy)
 
 
@@ -209,7 +209,7 @@ def run(run: TaskRun) -> None:
     if task.threads is not None:
         torch.set_num_threads(task.threads)
     module, obs = build_module(run.config)
-    module.to(device(settings))
+    module.to(bench_device(settings))
     rows = measure(
         module,
         obs,
