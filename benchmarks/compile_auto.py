@@ -8,10 +8,10 @@ compile=auto alternated within each repeat:
 A run's figure is the env steps it sampled over its training seconds, as summary.json has
 it. compile=auto's own measurement happens before training and is not counted (it is
 cached in compile=auto's default cache dir, so the runs after the first read it). The
-ratio is auto / none of the medians over the repeats. `--readme README.md` writes the
-table into the README's `compile-auto` block.
+ratio is auto / none of the medians over the repeats. `--readme docs/compile.md` writes
+the table into that page's `compile-auto` block.
 
-    python benchmarks/compile_auto.py --iterations 10 --repeats 2 --readme README.md
+    python benchmarks/compile_auto.py --iterations 10 --repeats 2 --readme docs/compile.md
 """
 
 from __future__ import annotations
@@ -90,7 +90,11 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
-    parser.add_argument("--readme", type=Path, help="write the table into this page's block")
+    parser.add_argument(
+        "--readme",
+        type=Path,
+        help="write the table into this page's compile-auto block (docs/compile.md)",
+    )
     args = parser.parse_args()
     if args.readme:  # a page without the block fails now, not after the runs
         try:

@@ -17,11 +17,12 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from runner import CONFIG_DIR
+from runner.algorithm_config import build_algorithm_config
+from runner.api import register_configs
 from runner.compile.apply import load_backend
 from runner.compile.settings import CompileSpec, available_backends
-from runner.compose import build_algorithm_config
 from runner.results.files import write_csv
-from runner.schema import register_configs, typed
+from runner.schema import typed
 from runner.tasks.inference_bench import build_module, measure
 
 DEFAULT_BACKENDS = ("eager", "aot_eager", "inductor", "onnxrt", "ipex")

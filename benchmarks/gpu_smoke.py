@@ -34,7 +34,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from runner.preflight import driver_cuda
+from runner.machine import driver_cuda
 
 # Half a GPU each: a local Learner and a GPU EnvRunner fit on one GPU.
 SHARED_GPU = [

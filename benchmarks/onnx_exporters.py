@@ -23,9 +23,10 @@ from hydra import compose, initialize_config_dir
 from ray.rllib.core.columns import Columns
 
 from runner import CONFIG_DIR
+from runner.algorithm_config import build_algorithm_config
+from runner.api import register_configs
 from runner.compile import onnxrt
-from runner.compose import build_algorithm_config
-from runner.schema import register_configs, typed
+from runner.schema import typed
 from runner.tasks.inference_bench import build_module
 
 

@@ -18,6 +18,15 @@ import ray  # noqa: E402
 from ray.rllib.algorithms.ppo import PPOConfig  # noqa: E402
 
 
+def _by_name(value: object) -> str:
+    """A class or function as module.qualname, as the runner writes algorithm_config.json, so
+    overhead.py compares what they name rather than reprs that hold object addresses."""
+    if isinstance(value, type) or callable(value):
+        name = getattr(value, "__qualname__", type(value).__qualname__)
+        return f"{getattr(value, '__module__', '')}.{name}"
+    return repr(value)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--iterations", type=int, default=10)
@@ -45,7 +54,7 @@ def main() -> None:
     )
     if args.config_out:
         with open(args.config_out, "w") as f:
-            json.dump(config.to_dict(), f, default=repr)
+            json.dump(config.to_dict(), f, default=_by_name)
     ray.init(
         address="local", include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False
     )

@@ -1,4 +1,9 @@
-"""`python -m runner [overrides]`: the Hydra app, with every error reduced to one line."""
+"""`python -m runner [overrides]`: Hydra's app, a thin shell over `app.run` (the Python
+API, runner/api.py, is the other), with every error reduced to one line.
+
+Only what composition needs is imported before Hydra composes, so bad input fails in
+seconds; the rest (torch, Ray, RLlib) comes with the job.
+"""
 
 from __future__ import annotations
 
@@ -13,23 +18,24 @@ START = time.perf_counter()
 import hydra  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from hydra.types import RunMode  # noqa: E402
-from omegaconf import DictConfig  # noqa: E402
+from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from runner import CONFIG_DIR  # noqa: E402
-from runner.app import run  # noqa: E402
+from runner.api import register_configs  # noqa: E402
 from runner.errors import RunnerError, one_line  # noqa: E402
+from runner.job import Job  # noqa: E402
 from runner.overrides import with_checkpoint_alias  # noqa: E402
-from runner.ray_session import stop_ray  # noqa: E402
-from runner.results.files import RESULT_FILES  # noqa: E402
-from runner.results.jobs import ERROR_FILE, earlier_attempt, write_job  # noqa: E402
-from runner.schema import register_configs  # noqa: E402
 from runner.shutdown import Interrupted, install_default  # noqa: E402
-from runner.sweep import FailedJobs, summarize  # noqa: E402
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
 def _app(cfg: DictConfig) -> None:
     """One job. In a sweep its outcome goes to job.json, and a failure lets the sweep go on."""
+    from runner.app import run
+    from runner.ray_session import stop_ray
+    from runner.results.jobs import ERROR_FILE, earlier_attempt, write_job
+    from runner.sweep import summarize
+
     hydra_cfg = HydraConfig.get()
     job_dir = Path(hydra_cfg.runtime.output_dir)
     overrides = list(hydra_cfg.overrides.task)
@@ -41,8 +47,16 @@ def _app(cfg: DictConfig) -> None:
         if skip:
             print(f"job {hydra_cfg.job.num}: finished in an earlier run of this sweep, skipped")
             return
+    job = Job(
+        cfg=cfg,
+        run_dir=job_dir,
+        overrides=overrides,
+        choices=OmegaConf.to_container(hydra_cfg.runtime.choices),  # type: ignore[arg-type]
+        sweep_dir=Path(hydra_cfg.sweep.dir) if in_sweep else None,
+        number=hydra_cfg.job.num if in_sweep else None,
+    )
     try:
-        totals = run(cfg, START if not in_sweep else job_start, carry_on)
+        totals = run(job, START if not in_sweep else job_start, carry_on)
     except Interrupted as stop:
         if in_sweep:  # recorded, so a re-run of the sweep continues this job
             write_job(
@@ -83,6 +97,8 @@ def _fail(message: str, code: int = 2) -> None:
 
 def _refuse_used_run_dir(argv: list[str]) -> None:
     """Hydra writes .hydra/ before the task runs: refuse a run dir that holds results first."""
+    from runner.results.jobs import RESULT_FILES
+
     for arg in argv:
         if arg.startswith("hydra.run.dir="):
             run_dir = Path(arg.split("=", 1)[1])
@@ -95,7 +111,14 @@ def _refuse_used_run_dir(argv: list[str]) -> None:
 
 def main() -> None:
     """Run the app; Hydra's errors propagate (HYDRA_FULL_ERROR) so they can be one line."""
+    from runner.sweep import FailedJobs
+
     install_default()
+    if sys.argv[1:2] in (["--help"], ["-h"]):
+        from runner import help as runner_help
+
+        print(runner_help.text(CONFIG_DIR))
+        return
     register_configs()
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")
     sys.argv[1:] = with_checkpoint_alias(sys.argv[1:])

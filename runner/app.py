@@ -10,24 +10,22 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
-from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from rich.table import Table
 
-from runner import preflight, tasks
-from runner.compile import auto as compile_auto
-from runner.compile import settings as compile_settings
+from runner import machine, preflight, tasks
+from runner.algorithm_config import build_algorithm_config, default_config_for
 from runner.compile.apply import add_to_config
 from runner.compile.settings import AUTO, CompileSpec
-from runner.compose import build_algorithm_config, default_config_for
 from runner.console import console
 from runner.errors import ConfigError, PreflightError
+from runner.job import Job
 from runner.plan import Plan, make_plan
 from runner.ray_session import import_py_modules_here, quiet_ray, start_ray
 from runner.results import checkpoints, tracking
@@ -36,6 +34,7 @@ from runner.resume import OVERRIDES_FILE, SEARCH_DIR, compose_for_resume
 from runner.schema import RunnerConfig, typed
 from runner.shutdown import Interrupted, install_default
 from runner.tasks.base import Task, TaskRun
+from runner.validate import validate
 
 log = logging.getLogger("runner")
 
@@ -59,15 +58,7 @@ def prepare(cfg: DictConfig) -> Prepared:
     settings = typed(cfg)
     import_py_modules_here(settings.ray.runtime_env)
     task = tasks.get(settings.task.name)
-    spec, warnings = compile_settings.resolve(settings.compile) if task.uses_compile else (None, [])
-    if spec is not None and spec.backend == AUTO:
-        if not task.compile_auto:
-            raise ConfigError(
-                f"task={task.name} compares one compile preset with eager; compile=auto "
-                "picks one per component for training: compare them all with task=autotune"
-            )
-        compile_auto.check(settings)
-    warnings += task.check(settings, spec)
+    spec, warnings = validate(settings, task)
     config = build_algorithm_config(settings, spec)
     task.configure(config, settings)
     plan = task.scale_plan(make_plan(config), settings)
@@ -81,7 +72,7 @@ def _changed_settings(config: AlgorithmConfig, algo_name: str) -> dict[str, Any]
     return {k: v for k, v in ours.items() if default.get(k) != v}
 
 
-def print_plan(plan: Plan, report: preflight.Report, res: preflight.Resources) -> None:
+def print_plan(plan: Plan, report: preflight.Report, res: machine.Resources) -> None:
     table = Table(title="resource plan", title_justify="left")
     for column in ("role", "count", "CPUs each", "GPUs each", "hosts"):
         table.add_column(column)
@@ -97,9 +88,10 @@ def print_plan(plan: Plan, report: preflight.Report, res: preflight.Resources) -
         console.print(f"preflight would fail: {problem}")
 
 
-def provenance(settings: RunnerConfig, resources: preflight.Resources) -> dict[str, Any]:
+def provenance(
+    settings: RunnerConfig, resources: machine.Resources, choices: dict[str, Any]
+) -> dict[str, Any]:
     """Where and with what a result was measured, and what it reproduces (for the report)."""
-    choices = HydraConfig.get().runtime.choices
     reproduction = settings.reproduction
     return {
         "hardware": {"profile": settings.hardware.name, **vars(resources)},
@@ -124,10 +116,9 @@ def carried_on(attempt: Path | None) -> tuple[Path | None, list[str]]:
     return checkpoint, history
 
 
-def checkpoint_source(cfg: DictConfig) -> tuple[str, str] | None:
+def checkpoint_source(cfg: DictConfig, task: Task) -> tuple[str, str] | None:
     """(path, the setting that named it): resume= for training, checkpoint= for a task
     that reads one (evaluate, export); None when neither is set."""
-    task = tasks.get(cfg.task.name)
     path = cfg.task.get("checkpoint") if task.reads_checkpoint else None
     if cfg.resume and path:
         raise ConfigError(
@@ -138,58 +129,62 @@ def checkpoint_source(cfg: DictConfig) -> tuple[str, str] | None:
     return (str(path), "checkpoint") if path else None
 
 
-def run(cfg: DictConfig, start_time: float, attempt: Path | None = None) -> dict[str, Any]:
+def run(job: Job, start_time: float, attempt: Path | None = None) -> dict[str, Any]:
     """Prepare, check against what exists, then dry-run or run the task; every file lands
-    in Hydra's run dir. `attempt`: an interrupted earlier attempt of this sweep job to
+    in the job's run dir. `attempt`: an interrupted earlier attempt of this sweep job to
     continue. Returns the plan's CPU and GPU totals, for a sweep job's record."""
+    cfg, run_dir = job.cfg, job.run_dir
     quiet_ray(cfg.ray.log_level)
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
     if any((run_dir / name).exists() for name in RESULT_FILES):
         raise ConfigError(f"run dir '{run_dir}' already holds a run's results; use a new one")
     checkpoint, history = carried_on(attempt)
-    overrides = list(HydraConfig.get().overrides.task)
-    source = checkpoint_source(cfg)
+    source = checkpoint_source(cfg, tasks.get(job.choices["task"]))
     if source:
-        cfg, checkpoint, overrides = compose_for_resume(cfg, overrides, *source)
-    (run_dir / OVERRIDES_FILE).write_text(yaml.safe_dump(overrides))
+        cfg, checkpoint, overrides, choices = compose_for_resume(cfg, job.overrides, *source)
+        job = replace(job, cfg=cfg, overrides=overrides, choices={**job.choices, **choices})
+    (run_dir / OVERRIDES_FILE).write_text(yaml.safe_dump(job.overrides))
 
-    job = prepare(cfg)
-    settings = job.settings
-    if checkpoint is not None and (checkpoint.name == SEARCH_DIR) != (job.task.resumes == "search"):
+    prepared = prepare(cfg)
+    settings = prepared.settings
+    if checkpoint is not None and (checkpoint.name == SEARCH_DIR) != (
+        prepared.task.resumes == "search"
+    ):
         raise ConfigError(
-            f"task={job.task.name} cannot continue {checkpoint}: resume= a task=tune run dir "
+            f"task={prepared.task.name} cannot continue {checkpoint}: resume= a task=tune run dir "
             "continues that search (task=tune), a training run dir continues training"
         )
     if settings.ray.address:
         start_ray(settings.ray, settings.compile.cache_dir)
-        resources = preflight.cluster_resources(settings.ray.address)
+        resources = machine.cluster_resources(settings.ray.address)
     else:
-        resources = preflight.local_resources(settings.ray)
-    report = preflight.check(settings, job.config, job.plan, resources, job.warnings, job.spec)
-    write_json(run_dir / "algorithm_config.json", job.config.to_dict())
-    write_json(run_dir / "plan.json", {**job.plan.to_dict(), "preflight": report.to_dict()})
+        resources = machine.local_resources(settings.ray)
+    plan, config = prepared.plan, prepared.config
+    report = preflight.check(settings, config, plan, resources, prepared.warnings, prepared.spec)
+    write_json(run_dir / "algorithm_config.json", config.to_dict())
+    write_json(run_dir / "plan.json", {**plan.to_dict(), "preflight": report.to_dict()})
     for warning in report.warnings:
         log.warning(warning)
-    totals = {"cpus": job.plan.total_cpus, "gpus": job.plan.total_gpus}
+    totals = {"cpus": plan.total_cpus, "gpus": plan.total_gpus}
 
     if settings.dry_run:
         console.rule("resolved config")
         console.print(OmegaConf.to_yaml(cfg, resolve=True), end="")
-        config_name = type(job.config).__name__
+        config_name = type(config).__name__
         console.rule(f"AlgorithmConfig ({config_name}): settings that differ from RLlib")
-        console.print(json.dumps(_changed_settings(job.config, settings.algo.name), indent=2))
+        console.print(json.dumps(_changed_settings(config, settings.algo.name), indent=2))
         console.rule("plan")
-        print_plan(job.plan, report, resources)
-        if job.spec is not None and job.spec.backend == AUTO:
+        print_plan(plan, report, resources)
+        if prepared.spec is not None and prepared.spec.backend == AUTO:
             console.print("compile=auto: measured (or read from its cache) when the run starts")
         console.print(f"dry run: nothing started; files in {run_dir}")
         return {**totals, "preflight_problems": report.problems}
     if not report.ok:
         raise PreflightError("; ".join(report.problems))
-    tracker = tracking.start(settings, cfg, run_dir) if job.task.tracked else tracking.NoTracker()
+    tracker = tracking.start(settings, job) if prepared.task.tracked else tracking.NoTracker()
     status = "FAILED"
     try:
-        job.task.run(started(job, tracker, run_dir, resources, start_time, checkpoint, history))
+        task_run = started(prepared, job, tracker, resources, start_time, checkpoint, history)
+        prepared.task.run(task_run)
         status = "FINISHED"
     except Interrupted:
         status = "KILLED"
@@ -200,33 +195,36 @@ def run(cfg: DictConfig, start_time: float, attempt: Path | None = None) -> dict
 
 
 def started(
-    job: Prepared,
+    prepared: Prepared,
+    job: Job,
     tracker: tracking.NoTracker | tracking.MlflowTracker,
-    run_dir: Path,
-    resources: preflight.Resources,
+    resources: machine.Resources,
     start_time: float,
     checkpoint: Path | None,
     history: list[str],
 ) -> TaskRun:
     """compile=auto's choice (measured before Ray takes the CPUs), Ray, then the task's input."""
-    settings, spec, auto = job.settings, job.spec, None
+    settings, spec, auto = prepared.settings, prepared.spec, None
     if spec is not None and spec.backend == AUTO:
-        auto = compile_auto.choose(settings, job.config)
+        from runner.compile import auto as compile_auto  # torch._dynamo: only for compile=auto
+
+        auto = compile_auto.choose(settings, prepared.config)
         console.print(compile_auto.describe(auto))
         spec = compile_auto.chosen_spec(settings, auto)
-        add_to_config(job.config, spec)
-    if job.task.needs_ray:
+        add_to_config(prepared.config, spec)
+    if prepared.task.needs_ray:
         start_ray(settings.ray, settings.compile.cache_dir)
     install_default()  # after ray.init, which sets a SIGTERM handler of its own
     return TaskRun(
         settings=settings,
-        config=job.config,
+        config=prepared.config,
         spec=spec,
         auto=auto,
-        run_dir=run_dir,
-        provenance=provenance(settings, resources),
+        run_dir=job.run_dir,
+        provenance=provenance(settings, resources, job.choices),
         start_time=start_time,
         checkpoint=checkpoint,
         history=history,
         tracker=tracker,
+        choices=job.choices,
     )

@@ -1,15 +1,21 @@
-"""The env: what AlgorithmConfig.environment() gets, and one built in the driver first.
+"""The one env factory: every env the runner touches is built by `build`.
 
-Three spellings reach every EnvRunner: a gymnasium id (RLlib calls `gym.make(id,
-**env_config)` in each actor, and gymnasium imports `module` of a `module:EnvId` there
-first), an env class or factory by import path (`env.entry_point`, pickled to the actors
-and called with RLlib's EnvContext), and the Atari class below. `make_env` builds one in
-the driver for the preflight, so a missing module, a wrong name or a constructor error
-is one line before Ray starts.
+RLlib's EnvRunners get `RunnerEnv` as `AlgorithmConfig.environment(env=...)`, with the
+env's settings (`env.*`) carried in `env_config` under one reserved key, so RLlib calls
+the factory in every actor. The driver's envs (preflight, compile=auto, export's parity
+check, the inference bench, a trained policy's spaces) come from `make_env(config)`, and
+video's from `make_env(config, render_mode="rgb_array")`: the same call an EnvRunner
+makes, so a setting under `env.*` applies everywhere by construction.
+
+Three spellings: a gymnasium id (`module:EnvId` imports `module` first, in every
+process), an env class or factory by import path (`env.entry_point`, called with RLlib's
+EnvContext; a MultiAgentEnv makes the run multi-agent), and Atari ids wrapped as RLlib
+wraps Atari for the new API stack.
 """
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 import gymnasium as gym
@@ -21,6 +27,11 @@ from runner.errors import ConfigError, did_you_mean
 from runner.schema import EnvConfig
 from runner.user_code import import_module, locate
 
+# env_config's reserved key: the env's settings, as a plain dict (pickled to each actor).
+SETTINGS_KEY = "_runner_env"
+# What `environment()` gets besides env and env_config is RLlib's, not the env's.
+_OWN_FIELDS = ("id", "entry_point", "atari", "framestack")
+
 
 def _register_ale() -> None:
     """ALE's envs in gymnasium's registry; its banner off (bad input must stay one line)."""
@@ -30,30 +41,15 @@ def _register_ale() -> None:
     gym.register_envs(ale_py)
 
 
-class AtariEnv(gym.Wrapper):
-    """An ALE game wrapped as RLlib wraps Atari for the new API stack.
-
-    A class rather than a function: RLlib's Algorithm takes an env class or a registered
-    id, and a class needs no registration in every actor.
-    """
-
-    def __init__(self, env_context: dict[str, Any]) -> None:
-        from ray.rllib.env.wrappers.atari_wrappers import wrap_atari_for_new_api_stack
-
-        _register_ale()
-        kwargs = dict(env_context)
-        game = kwargs.pop("game")
-        framestack = kwargs.pop("framestack")
-        env = gym.make(game, **kwargs)
-        super().__init__(wrap_atari_for_new_api_stack(env, framestack=framestack))
-
-
-def setting(env: EnvConfig) -> str:
+def setting(env: EnvConfig | dict[str, Any]) -> str:
     """The env's setting as the user wrote it, for messages."""
-    return f"env.entry_point={env.entry_point}" if env.entry_point else f"env.id={env.id}"
+    entry_point = env["entry_point"] if isinstance(env, dict) else env.entry_point
+    env_id = env["id"] if isinstance(env, dict) else env.id
+    return f"env.entry_point={entry_point}" if entry_point else f"env.id={env_id}"
 
 
-def _check_spelling(env: EnvConfig) -> None:
+def check_spelling(env: EnvConfig) -> None:
+    """Exactly one of env.id and env.entry_point; Atari wraps an id."""
     if (env.id is None) == (env.entry_point is None):
         raise ConfigError(
             "set exactly one of env.id (a gymnasium id, e.g. CartPole-v1 or my_pkg:MyEnv-v0) "
@@ -62,23 +58,6 @@ def _check_spelling(env: EnvConfig) -> None:
         )
     if env.atari and env.entry_point:
         raise ConfigError("env.atari=true wraps a gymnasium id: set env.id, not env.entry_point")
-
-
-def environment_kwargs(env: EnvConfig) -> dict[str, Any]:
-    """Keyword arguments for AlgorithmConfig.environment(); imports an entry point."""
-    _check_spelling(env)
-    if env.atari:
-        env_config = {"game": env.id, "framestack": env.framestack, **env.env_config}
-        return {"env": AtariEnv, "env_config": env_config, **env.environment}
-    if env.entry_point:
-        maker = locate(env.entry_point, "env.entry_point")
-        if not callable(maker):
-            raise ConfigError(
-                f"env.entry_point={env.entry_point} is a {type(maker).__name__}, not an env "
-                "class or factory"
-            )
-        return {"env": maker, "env_config": dict(env.env_config), **env.environment}
-    return {"env": env.id, "env_config": dict(env.env_config), **env.environment}
 
 
 def check_env_id(env_id: str) -> None:
@@ -101,18 +80,83 @@ def check_env_id(env_id: str) -> None:
         )
 
 
-def make_env(maker: Any, env_config: dict, where: str) -> gym.Env | MultiAgentEnv:
-    """One env as an EnvRunner makes it, in this process: `maker` and `env_config` as
-    AlgorithmConfig.environment() got them; `where` names the setting in messages."""
-    if isinstance(maker, str):
-        check_env_id(maker)
+def _maker(own: dict[str, Any]) -> Any:
+    """The user's env class or factory (env.entry_point)."""
+    maker = locate(own["entry_point"], "env.entry_point")
+    if not callable(maker):
+        raise ConfigError(
+            f"env.entry_point={own['entry_point']} is a {type(maker).__name__}, not an env "
+            "class or factory"
+        )
+    return maker
+
+
+def build(own: dict[str, Any], context: EnvContext, render_mode: str | None = None) -> Any:
+    """One env from the runner's env settings (`own`) and RLlib's EnvContext (the user's
+    env_config, worker and vector index); `render_mode` for video."""
+    kwargs = dict(context)
+    if render_mode is not None and not own["entry_point"]:
+        kwargs["render_mode"] = render_mode
+    if own["atari"]:
+        from ray.rllib.env.wrappers.atari_wrappers import wrap_atari_for_new_api_stack
+
+        _register_ale()
+        return wrap_atari_for_new_api_stack(
+            gym.make(own["id"], **kwargs), framestack=own["framestack"]
+        )
+    if own["entry_point"]:  # RLlib passes an EnvContext to a class or factory
+        return _maker(own)(context)
+    return gym.make(own["id"], **kwargs)
+
+
+class RunnerEnv:
+    """What every EnvRunner gets as its env: a class (RLlib takes an env class or a
+    registered id, and a class needs no registration in each actor) whose construction
+    returns the env `build` makes from the settings in env_config, not an instance of
+    this class."""
+
+    def __new__(cls, env_context: dict[str, Any]) -> Any:  # type: ignore[misc]
+        context = env_context if isinstance(env_context, EnvContext) else EnvContext(env_context, 0)
+        user_config = {k: v for k, v in context.items() if k != SETTINGS_KEY}
+        return build(context[SETTINGS_KEY], context.copy_with_overrides(env_config=user_config))
+
+
+def environment_kwargs(env: EnvConfig) -> dict[str, Any]:
+    """Keyword arguments for AlgorithmConfig.environment(): the factory, the user's
+    env_config with the env's settings beside it, and `env.environment`'s extras."""
+    check_spelling(env)
+    own = {k: v for k, v in asdict(env).items() if k in _OWN_FIELDS}
+    if env.id and not env.atari:
+        check_env_id(env.id)
+    elif env.entry_point:
+        _maker(own)
+    env_config = {**env.env_config, SETTINGS_KEY: own}
+    return {"env": RunnerEnv, "env_config": env_config, **env.environment}
+
+
+def own_settings(env_config: dict[str, Any]) -> dict[str, Any]:
+    """The env's settings from an AlgorithmConfig's env_config (one line if missing: a
+    config the runner did not build)."""
+    if SETTINGS_KEY not in env_config:
+        raise ConfigError("the AlgorithmConfig's env was not set by the runner (env.*)")
+    return env_config[SETTINGS_KEY]
+
+
+def make_env(config: Any, render_mode: str | None = None) -> gym.Env | MultiAgentEnv:
+    """One env in this process, as an EnvRunner of `config` (an AlgorithmConfig) makes
+    it; a failure is one line naming the setting."""
+    own = own_settings(config.env_config)
+    where = setting(own)
+    user_config = {k: v for k, v in config.env_config.items() if k != SETTINGS_KEY}
     try:
-        if isinstance(maker, str):
-            built = gym.make(maker, **env_config)
-        else:  # an env class or factory: RLlib passes an EnvContext
-            built = maker(EnvContext(env_config, worker_index=0))
+        built = build(own, EnvContext(user_config, worker_index=0), render_mode)
+    except ConfigError:
+        raise
     except Exception as ex:
-        raise ConfigError(f"{where}: making the env failed: {type(ex).__name__}: {ex}") from ex
+        mode = f" with render_mode='{render_mode}'" if render_mode else ""
+        raise ConfigError(
+            f"{where}: making the env{mode} failed: {type(ex).__name__}: {ex}"
+        ) from ex
     if not isinstance(built, gym.Env | MultiAgentEnv):
         raise ConfigError(
             f"{where} made a {type(built).__qualname__}, not a gymnasium.Env or an "

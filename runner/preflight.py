@@ -6,9 +6,6 @@ seconds, with one line naming the numbers and the fix.
 
 from __future__ import annotations
 
-import os
-import platform
-import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -19,29 +16,13 @@ from ray.rllib.env.multi_agent_env import MultiAgentEnv
 from runner.compile.settings import CompileSpec, missing_packages
 from runner.envs import make_env, setting
 from runner.errors import ConfigError, did_you_mean
+from runner.machine import Resources, capability_tuple, has_kernels, is_gpu_of
 from runner.plan import Plan
-from runner.schema import Accelerator, RayConfig, RunnerConfig
+from runner.schema import Accelerator, RunnerConfig
 
 FORCE_HINT = "or set preflight.strict=false to try anyway"
 # The scaling guide's learner-placement rule for these algorithms.
 LEARNER_PLACEMENT_ALGOS = ("IMPALA", "APPO")
-
-
-@dataclass
-class Resources:
-    """What the run can use: this machine, or a Ray cluster; and the GPUs this process
-    (the driver) sees through torch.cuda, where the main process's share runs."""
-
-    where: str
-    cpus: float
-    gpus: float
-    gpu_names: list[str]
-    cpu_model: str = ""
-    local: bool = False  # a local Ray, whose CPU count ray.num_cpus sets
-    # By CUDA index: names and compute capabilities ("8.0"); and the kernels torch has.
-    driver_gpus: list[str] = field(default_factory=list)
-    driver_capabilities: list[str] = field(default_factory=list)
-    torch_cuda_archs: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -55,92 +36,6 @@ class Report:
 
     def to_dict(self) -> dict:
         return {"ok": self.ok, **asdict(self)}
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def driver_cuda() -> dict[str, list[str]]:
-    """The GPUs this process sees through torch.cuda, their compute capabilities, and the
-    CUDA architectures this torch build has kernels for."""
-    if not torch.cuda.is_available():
-        return {}
-    count = torch.cuda.device_count()
-    return {
-        "driver_gpus": [torch.cuda.get_device_name(i) for i in range(count)],
-        "driver_capabilities": [
-            "{}.{}".format(*torch.cuda.get_device_capability(i)) for i in range(count)
-        ],
-        "torch_cuda_archs": torch.cuda.get_arch_list(),
-    }
-
-
-def local_resources(ray_cfg: RayConfig) -> Resources:
-    """This machine as a local Ray would see it (ray.num_cpus / ray.num_gpus override)."""
-    cuda = driver_cuda()
-    names = cuda.get("driver_gpus", [])
-    return Resources(
-        where="this machine",
-        cpus=float(ray_cfg.num_cpus if ray_cfg.num_cpus is not None else os.cpu_count() or 1),
-        gpus=float(ray_cfg.num_gpus if ray_cfg.num_gpus is not None else len(names)),
-        gpu_names=names,
-        cpu_model=cpu_model(),
-        local=True,
-        **cuda,
-    )
-
-
-def cluster_resources(address: str) -> Resources:
-    """The connected Ray cluster's totals; GPU names from Ray's accelerator_type resources."""
-    import ray
-
-    total = ray.cluster_resources()
-    names = [k.split(":", 1)[1] for k in total if k.startswith("accelerator_type:")]
-    return Resources(
-        where=f"the Ray cluster at {address}",
-        cpus=float(total.get("CPU", 0)),
-        gpus=float(total.get("GPU", 0)),
-        gpu_names=names,
-        cpu_model=cpu_model(),
-        **driver_cuda(),
-    )
-
-
-def is_gpu_of(name: str, family: str) -> bool:
-    """Whether `name` (torch's or Ray's name of a GPU) is of `family`, as a whole model
-    number: A100-SXM4-80GB and V100S are, an RTX A1000 is no A100 and a GH200 no H200."""
-    return re.search(rf"(?<![A-Za-z0-9]){re.escape(family)}(?![0-9])", name, re.I) is not None
-
-
-def _capability(text: str) -> tuple[int, int]:
-    major, minor = text.split(".")
-    return int(major), int(minor)
-
-
-def has_kernels(capability: str, archs: list[str]) -> bool:
-    """Whether a device of `capability` ("7.0") runs a torch built for `archs`
-    (torch.cuda.get_arch_list()): binary sm_XY kernels run on the same major version at
-    minor Y or above; PTX (compute_XY) is compiled for any device from X.Y up."""
-    major, minor = _capability(capability)
-    for arch in archs:
-        kind, _, digits = arch.partition("_")
-        number = re.match(r"\d+", digits)
-        if number is None:
-            continue
-        arch_major, arch_minor = divmod(int(number.group()), 10)
-        if kind == "sm" and arch_major == major and arch_minor <= minor:
-            return True
-        if kind == "compute" and (arch_major, arch_minor) <= (major, minor):
-            return True
-    return False
 
 
 def _cpu_build() -> str:
@@ -235,7 +130,7 @@ def _kernel_problems(settings: RunnerConfig, res: Resources) -> list[str]:
             "e.g. PyTorch's CUDA 12.6 wheels, which alone kept Maxwell, Pascal and Volta in "
             "release 2.11's support matrix: pip install torch --index-url "
             "https://download.pytorch.org/whl/cu126"
-            if _capability(capability) < (7, 5)
+            if capability_tuple(capability) < (7, 5)
             else "see https://pytorch.org/get-started/locally/"
         )
         return [
@@ -307,27 +202,10 @@ def _learner_placement(config: AlgorithmConfig, res: Resources) -> list[str]:
     ]
 
 
-def _check_run_settings(settings: RunnerConfig) -> None:
-    """Counts and seconds are never negative; a return may be (Pendulum's are)."""
-    stop, checkpoint = settings.stop, settings.checkpoint
-    counts = {
-        "stop.iterations": stop.iterations,
-        "stop.env_steps": stop.env_steps,
-        "stop.seconds": stop.seconds,
-        "checkpoint.every": checkpoint.every,
-        "check.env_steps": settings.check.env_steps,
-        "ray.num_cpus": settings.ray.num_cpus,
-        "ray.num_gpus": settings.ray.num_gpus,
-    }
-    for key, value in counts.items():
-        if value is not None and value < 0:
-            raise ConfigError(f"{key} must be >= 0 (or null), got {value}")
-
-
 def check_env(settings: RunnerConfig, config: AlgorithmConfig) -> None:
     """Build one env here, as an EnvRunner will; for a multi-agent env, map each of its
     agents to a policy the config declares."""
-    env = make_env(config.env, dict(config.env_config), setting(settings.env))
+    env = make_env(config)
     try:
         multi_agent_env = isinstance(env, MultiAgentEnv)
         if multi_agent_env != config.is_multi_agent:
@@ -389,7 +267,6 @@ def check(
 ) -> Report:
     """Raise ConfigError on bad input; report shortfalls and missing packages (problems)
     and `warnings` (the compile and task checks') with the resource warnings."""
-    _check_run_settings(settings)
     check_env(settings, config)
     report = Report(warnings=list(warnings))
     # A hardware problem already names missing GPUs: the GPU count is checked only without one.

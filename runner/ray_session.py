@@ -11,13 +11,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import ray
-
 from runner.schema import LogLevel, RayConfig
 
 
 def quiet_ray(level_name: LogLevel) -> int:
     """Set Ray's and RLlib's loggers (each has its own handler) to `level_name`."""
+
     level = getattr(logging, level_name.value)
     for name in ("ray", "ray.rllib", "ray.tune"):
         logging.getLogger(name).setLevel(level)
@@ -30,6 +29,8 @@ def start_ray(ray_cfg: RayConfig, compile_cache_dir: str | None = None) -> None:
     Every actor gets `ray.runtime_env` (e.g. the user's package as `py_modules`), and
     `compile_cache_dir` as TORCHINDUCTOR_CACHE_DIR, here and in every actor.
     """
+    import ray
+
     level = quiet_ray(ray_cfg.log_level)
     if ray.is_initialized():
         return
@@ -69,6 +70,8 @@ def import_py_modules_here(runtime_env: dict[str, Any]) -> None:
 def stop_ray() -> None:
     """Leave no Ray behind: the next job of a sweep (same process under the basic and the
     joblib launcher) starts its own, with its own ray.address and ray.num_cpus."""
+    import ray
+
     if ray.is_initialized():
         ray.shutdown()
 
@@ -82,6 +85,7 @@ def waiting_for() -> str:
     dashboard, which the runner's local Ray leaves off): this job's actors pending
     creation and pending placement groups with the resources they ask for, beside what is
     free. A stall with nothing pending is a component that is busy or hung."""
+    import ray
     from ray._private import state  # the GCS actor table behind `ray list actors`
 
     job = ray.JobID.from_hex(ray.get_runtime_context().get_job_id())

@@ -27,7 +27,7 @@ from typing import Any
 from runner import docs
 from runner import overrides as ov
 from runner.errors import RunnerError, one_line, tool_exit_code
-from runner.preflight import is_gpu_of
+from runner.machine import is_gpu_of
 from runner.results import plots, seeds
 from runner.results.files import write_csv
 from runner.sweep import job_row

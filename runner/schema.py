@@ -11,10 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
+
+# The component kinds compile settings apply to (compile.env_runners, compile.learners).
+COMPONENT_KINDS = ("env_runners", "learners")
 
 
 class Accelerator(str, Enum):
@@ -103,7 +105,7 @@ class ScalingConfig:
     """RLlib's three scaling axes and the resources of each actor.
 
     The EnvRunner keys feed `AlgorithmConfig.env_runners()`, the Learner keys `.learners()`
-    (see compose.py). `num_cpus_per_learner: null` keeps RLlib's "auto" (1 CPU per CPU
+    (see algorithm_config.py). `num_cpus_per_learner: null` keeps RLlib's "auto" (1 CPU per CPU
     Learner, 0 per GPU one).
     """
 
@@ -298,9 +300,10 @@ class LoggerConfig:
 @dataclass
 class TaskSettings:
     """What a job does. Each task in runner/tasks/ subclasses this with its own settings;
-    its conf/task/ file merges that schema in, so another task's key fails at composition."""
+    its conf/task/ file merges that schema in, so another task's key fails at composition.
+    `name` is the class's, not a key: the task is the one Hydra's `task` group chose."""
 
-    name: str = MISSING
+    name: ClassVar[str] = ""
 
 
 @dataclass
@@ -350,17 +353,6 @@ class RunnerConfig:
     dry_run: bool = False
     # A run dir or checkpoint dir; `~` is expanded.
     resume: str | None = None
-
-
-def register_configs() -> None:
-    """Store the root schema (conf/config.yaml lists it first) and every task's settings
-    schema as `schema/task/<name>` (each conf/task/ file lists its own)."""
-    from runner.tasks import TASKS  # here, not on top: the task modules import this one
-
-    store = ConfigStore.instance()
-    store.store(name="runner_schema", node=RunnerConfig)
-    for task in TASKS.values():
-        store.store(group="schema/task", name=task.name, node=task.settings)
 
 
 def _expand(path: str | None) -> str | None:

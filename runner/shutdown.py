@@ -11,6 +11,7 @@ raises one and keeps why (`Watch.cause`).
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import statistics
@@ -114,11 +115,10 @@ class Watch:
         self._main = threading.get_ident()
 
     def __enter__(self) -> Watch:
-        if not in_main_thread():
-            return self  # no handlers to set: the run goes unwatched
-        for s in HANDLED:
-            signal.signal(s, self._on_signal)
-        signal.signal(signal.SIGALRM, self._on_alarm)
+        if in_main_thread():  # elsewhere (a Tune trial's thread) signals are not ours
+            for s in HANDLED:
+                signal.signal(s, self._on_signal)
+            signal.signal(signal.SIGALRM, self._on_alarm)
         threading.Thread(target=self._monitor, name="runner-watch", daemon=True).start()
         return self
 
@@ -187,5 +187,13 @@ class Watch:
                 self._break_in("stalled")
 
     def _break_in(self, cause: str) -> None:
+        """The main thread gets SIGALRM, whose handler raises; another thread (a Tune
+        trial's) gets the KeyboardInterrupt raised in it when it next runs Python code
+        (Ray's blocking gets wake up for that)."""
         self.cause = cause
-        signal.pthread_kill(self._main, signal.SIGALRM)
+        if self._main == threading.main_thread().ident:
+            signal.pthread_kill(self._main, signal.SIGALRM)
+        else:
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                ctypes.c_ulong(self._main), ctypes.py_object(KeyboardInterrupt)
+            )

@@ -53,7 +53,7 @@ def _same_kind(a: gym.Space, b: gym.Space) -> bool:
 def env_to_module(config: AlgorithmConfig, env: EnvConfig) -> tuple[ConnectorV2, gym.Space]:
     """The config's env-to-module connector pipeline for the env (made here, in the
     driver), and the env's action space."""
-    built = make_env(config.env, dict(config.env_config), setting(env))
+    built = make_env(config)
     try:
         obs, act = built.observation_space, built.action_space
     finally:

@@ -24,30 +24,18 @@ from ray.rllib.env.env_context import EnvContext
 from ray.rllib.env.multi_agent_env import MultiAgentEnv
 from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 
-from runner.envs import AtariEnv, environment_kwargs, setting
+from runner.envs import SETTINGS_KEY, build, make_env, own_settings, setting
 from runner.errors import ConfigError
-from runner.schema import EnvConfig
 
 RENDER = "rgb_array"
 # pygame (CartPole's and Pendulum's drawing) needs no display or sound device for frames.
 os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
 os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
-_MAKER, _VIDEO = "_recorded_env_maker", "_recorded_env_video"
+_VIDEO = "_recorded_env_video"
 
 
-def make_rendering(maker: Any, env_config: dict[str, Any], where: str) -> gym.Env:
-    """The env as the run makes it, but rendering rgb_array frames; one line if it cannot."""
-    try:
-        if isinstance(maker, str):  # a gymnasium id
-            env = gym.make(maker, render_mode=RENDER, **env_config)
-        elif maker is AtariEnv:
-            env = AtariEnv({**env_config, "render_mode": RENDER})
-        else:  # the user's class or factory, as RLlib calls it
-            env = maker(EnvContext(env_config, worker_index=0))
-    except Exception as ex:
-        raise ConfigError(
-            f"{where}: making the env with render_mode='{RENDER}' failed: {type(ex).__name__}: {ex}"
-        ) from ex
+def check_rendering(env: Any, where: str) -> Any:
+    """The env, if it renders rgb_array frames; else closed, and one line saying so."""
     if isinstance(env, MultiAgentEnv):
         raise ConfigError(f"{where}: video records single-agent envs; this one is multi-agent")
     modes = env.metadata.get("render_modes", [])
@@ -61,12 +49,11 @@ def make_rendering(maker: Any, env_config: dict[str, Any], where: str) -> gym.En
     return env
 
 
-def check_renders(env: EnvConfig) -> None:
-    """Make the env here and draw its first frame: one line before Ray starts if it cannot
-    (a missing drawing library included)."""
-    kwargs = environment_kwargs(env)
-    where = setting(env)
-    made = make_rendering(kwargs["env"], kwargs["env_config"], where)
+def check_renders(config: AlgorithmConfig) -> None:
+    """Make the run's env here, rendering, and draw its first frame: one line before Ray
+    starts if it cannot (a missing drawing library included)."""
+    where = setting(own_settings(config.env_config))
+    made = check_rendering(make_env(config, render_mode=RENDER), where)
     try:
         made.reset(seed=0)
         frame = made.render()
@@ -79,13 +66,15 @@ def check_renders(env: EnvConfig) -> None:
 
 
 class RecordedEnv(gym.Wrapper):
-    """The run's env, rendering, in RecordVideo: a class, so RLlib's EnvRunner makes it as
-    it makes any env class (`env_context` carries the original env and where to record)."""
+    """The run's env from the one factory, rendering, in RecordVideo: a class, so RLlib's
+    EnvRunner makes it as it makes any env class (`env_context` also says where to
+    record)."""
 
-    def __init__(self, env_context: dict[str, Any]) -> None:
-        env_config = dict(env_context)
-        maker, video = env_config.pop(_MAKER), env_config.pop(_VIDEO)
-        env = make_rendering(maker, env_config, "the recorded env")
+    def __init__(self, env_context: EnvContext) -> None:
+        user_config = {k: v for k, v in env_context.items() if k not in (SETTINGS_KEY, _VIDEO)}
+        own, video = env_context[SETTINGS_KEY], env_context[_VIDEO]
+        context = env_context.copy_with_overrides(env_config=user_config)
+        env = check_rendering(build(own, context, render_mode=RENDER), "the recorded env")
         with warnings.catch_warnings():  # each recording has a prefix of its own
             warnings.filterwarnings("ignore", message=".*Overwriting existing videos")
             recorder = gym.wrappers.RecordVideo(
@@ -111,9 +100,7 @@ def record(
     folder.mkdir(parents=True, exist_ok=True)
     recorded = config.copy(copy_frozen=False)
     video = {"folder": str(folder), "episodes": episodes, "prefix": prefix}
-    recorded.environment(
-        env=RecordedEnv, env_config={**config.env_config, _MAKER: config.env, _VIDEO: video}
-    )
+    recorded.environment(env=RecordedEnv, env_config={**config.env_config, _VIDEO: video})
     recorded.env_runners(num_envs_per_env_runner=1, gym_env_vectorize_mode=gym.VectorizeMode.SYNC)
     with warnings.catch_warnings():  # RLlib registers its env id again in this process
         warnings.filterwarnings("ignore", message=".*Overriding environment")

@@ -28,6 +28,10 @@ SERVER = r"""
 import atexit, importlib, json, os, site, sys, threading, time
 
 import runner.__main__ as entry
+# What a job imports (torch, Ray, RLlib, each task's modules), once for every child: the
+# entry point itself loads them only when a job runs.
+import runner.app, runner.compile.auto, runner.loop, runner.onnx_export, runner.tasks.tune
+import runner.sweep
 
 
 def start(job):

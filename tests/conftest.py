@@ -13,19 +13,30 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 from runner import CONFIG_DIR
+from runner.api import register_configs
 from runner.app import Prepared, prepare
-from runner.schema import register_configs
 
 register_configs()
 
-# Small enough for seconds per iteration on a 2-core machine.
-TINY = [
+# The one tiny-run setting: a PPO batch a 2-core CPU gets through in about a second...
+TINY_BATCH = (
     "algo.training.train_batch_size_per_learner=400",
     "algo.training.minibatch_size=128",
     "algo.training.num_epochs=1",
-    "scaling.num_envs_per_env_runner=2",
-    "stop.episode_return_mean=null",
-]
+)
+# ...two envs per EnvRunner, and no stop at a return (a test's own stop.* decides).
+TINY = [*TINY_BATCH, "scaling.num_envs_per_env_runner=2", "stop.episode_return_mean=null"]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The ipex tests need the ipex extra (CI's second lane): left out unless an -m
+    expression names ipex."""
+    if "ipex" in (config.getoption("markexpr") or ""):
+        return
+    ipex = [item for item in items if item.get_closest_marker("ipex")]
+    if ipex:
+        config.hook.pytest_deselected(items=ipex)
+        items[:] = [item for item in items if not item.get_closest_marker("ipex")]
 
 
 def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:

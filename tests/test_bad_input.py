@@ -71,7 +71,8 @@ CASES = {
         ["task=inference_bench", "compile=auto"],
         "compare them all with task=autotune",
     ),
-    "unknown task name": (["task.name=trian"], "unknown task.name 'trian' (did you mean train?)"),
+    # The task is the group's choice: no second name to disagree with it.
+    "a task named twice": (["task=train", "task.name=evaluate"], "unknown config key 'task.name'"),
     "RLlib's own check": (["scaling.gym_env_vectorize_mode=asyn"], "gym_env_vectorize_mode"),
     "unknown scale option": (["scale=locl"], "unknown option 'locl' for config group 'scale'"),
     "unknown experiment": (["experiment=headline_a100"], "for config group 'experiment'"),

@@ -7,6 +7,7 @@ import csv
 import pytest
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("env", "preset", "backend", "batch_sizes"),
     [

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import CliResult, compose_config, prepared
+from conftest import TINY, CliResult, compose_config, prepared
 from ray.rllib.connectors.env_to_module import MeanStdFilter
 
 from runner import preflight
@@ -21,15 +21,7 @@ from runner.user_code import ConnectorFactory, PolicyTable, locate
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "my_rl_pkg"
-SMALL = [
-    "algo.training.train_batch_size_per_learner=400",
-    "algo.training.minibatch_size=200",
-    "algo.training.num_epochs=1",
-    "scaling.num_envs_per_env_runner=2",
-    "stop.iterations=2",
-    "stop.episode_return_mean=null",
-    "checkpoint.at_end=false",
-]
+SMALL = [*TINY, "stop.iterations=2", "checkpoint.at_end=false"]
 
 
 def run_with_package(cwd: Path, *args: str) -> CliResult:
@@ -50,6 +42,7 @@ def last_metrics(result: CliResult) -> dict[str, float]:
     return result.jsonl("metrics.jsonl")[-1]["metrics"]
 
 
+@pytest.mark.slow
 def test_module_env_id_and_a_connector_on_a_remote_env_runner(tmp_path: Path):
     """gymnasium's `module:EnvId`: the module is imported in the remote EnvRunner, which
     also builds the MeanStdFilter connector from its `_target_`."""
@@ -76,6 +69,7 @@ def test_module_env_id_and_a_connector_on_a_remote_env_runner(tmp_path: Path):
     assert stats["num_pushes"] >= metrics["env_runners/num_env_steps_sampled_lifetime"] > 0
 
 
+@pytest.mark.slow
 def test_example_package_from_a_user_config_dir_with_compile(tmp_path: Path):
     """The example's experiment file, from its own config dir: its env class by path, its
     RLModule compiled on the EnvRunner and the Learner, and its callback class and
@@ -92,7 +86,10 @@ def test_example_package_from_a_user_config_dir_with_compile(tmp_path: Path):
     assert result.returncode == 0, result.stderr
     assert "my_rl_pkg: MLPModule with" in result.stdout  # the user's function ran too
     config = result.json("algorithm_config.json")
-    assert config["env"] == "my_rl_pkg.envs.Corridor"
+    # Every EnvRunner gets the one env factory, with the env's settings beside its config.
+    assert config["env"] == "runner.envs.RunnerEnv"
+    assert config["env_config"]["_runner_env"]["entry_point"] == "my_rl_pkg.envs:Corridor"
+    assert config["env_config"]["length"] == 10
     assert "module_class=<class 'my_rl_pkg.modules.MLPModule'>" in config["_rl_module_spec"]
     components = result.json("summary.json")["compile"]["components"]
     frames = {c["component"].split("/")[0]: c["frames"] for c in components if c["calls"]}
@@ -100,6 +97,7 @@ def test_example_package_from_a_user_config_dir_with_compile(tmp_path: Path):
     assert last_metrics(result)["env_runners/episode_steps"] > 0  # the user's callback
 
 
+@pytest.mark.slow
 def test_two_agent_cartpole_trains_both_policies(tmp_path: Path):
     result = run_with_package(
         tmp_path,

@@ -3,6 +3,7 @@ sets the exit code; real runs for pass and fail, the bookkeeping in-process."""
 
 from __future__ import annotations
 
+import pytest
 from conftest import TINY
 
 from runner.check import Check
@@ -47,6 +48,7 @@ def test_no_threshold_or_disabled_is_no_check():
         check.raise_if_failed()  # nothing to fail
 
 
+@pytest.mark.slow
 def test_a_run_that_passes_its_check_stops_and_exits_0(cli):
     result = cli(*TINY, "check.threshold=1", "check.env_steps=100000", "stop.iterations=5")
     assert result.returncode == 0, result.stderr
@@ -57,6 +59,7 @@ def test_a_run_that_passes_its_check_stops_and_exits_0(cli):
     assert summary["check"]["env_steps_to_threshold"] == summary["env_steps"]
 
 
+@pytest.mark.slow
 def test_a_run_that_misses_its_check_exits_1_in_one_line(cli):
     result = cli(*TINY, "check.threshold=100000", "check.env_steps=800", "checkpoint.every=0")
     assert result.returncode == 1, result.stderr

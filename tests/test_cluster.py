@@ -10,12 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import TINY_BATCH
 from ray.cluster_utils import Cluster
 
-TINY = [
-    "algo.training.train_batch_size_per_learner=300",
-    "algo.training.minibatch_size=100",
-    "algo.training.num_epochs=1",
+# One env per EnvRunner here: three EnvRunners on a 1-CPU head and a 2-CPU worker.
+ONE_ITERATION = [
+    *TINY_BATCH,
     "scaling.num_envs_per_env_runner=1",
     "stop.iterations=1",
     "checkpoint.at_end=false",
@@ -42,6 +42,7 @@ def runner(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_training_spreads_env_runners_over_the_nodes(cluster, tmp_path: Path):
     # 3 EnvRunners need 3 CPUs: more than this machine's local check would allow (2), so the
     # run only starts because the preflight checked the cluster's 3.
@@ -49,7 +50,7 @@ def test_training_spreads_env_runners_over_the_nodes(cluster, tmp_path: Path):
         tmp_path,
         f"ray.address={cluster.address}",
         "scaling.num_env_runners=3",
-        *TINY,
+        *ONE_ITERATION,
         "hydra.run.dir=run",
     )
     assert proc.returncode == 0, proc.stderr
@@ -61,6 +62,7 @@ def test_training_spreads_env_runners_over_the_nodes(cluster, tmp_path: Path):
     assert set(nodes) == {n.node_id for n in cluster.list_all_nodes()}
 
 
+@pytest.mark.slow
 def test_the_users_package_reaches_every_node_through_py_modules(cluster, tmp_path: Path):
     """The example package is neither installed nor on the path of this process, whose
     environment the cluster's nodes share: ray.runtime_env.py_modules ships it to them, and
@@ -75,7 +77,7 @@ def test_the_users_package_reaches_every_node_through_py_modules(cluster, tmp_pa
         "experiment=corridor_ppo",
         f"+ray.runtime_env.py_modules=[{package / 'my_rl_pkg'}]",
         "scaling.num_env_runners=3",
-        *TINY,
+        *ONE_ITERATION,
         "hydra.run.dir=run",
     )
     assert proc.returncode == 0, proc.stderr
@@ -84,6 +86,7 @@ def test_the_users_package_reaches_every_node_through_py_modules(cluster, tmp_pa
     assert summary["final_episode_return_mean"] is not None
 
 
+@pytest.mark.slow
 def test_preflight_checks_the_cluster_not_this_machine(cluster, tmp_path: Path):
     proc = runner(tmp_path, f"ray.address={cluster.address}", "scaling.num_env_runners=5")
     assert proc.returncode == 2
@@ -91,9 +94,10 @@ def test_preflight_checks_the_cluster_not_this_machine(cluster, tmp_path: Path):
     assert f"but the Ray cluster at {cluster.address} has 3" in line
 
 
+@pytest.mark.slow
 def test_without_ray_address_the_run_gets_its_own_ray(cluster, tmp_path: Path):
     """A cluster running on this machine is not joined unless ray.address says so."""
-    proc = runner(tmp_path, "scaling.num_env_runners=1", *TINY, "hydra.run.dir=run")
+    proc = runner(tmp_path, "scaling.num_env_runners=1", *ONE_ITERATION, "hydra.run.dir=run")
     assert proc.returncode == 0, proc.stderr
     result = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert result["hardware"]["where"] == "this machine"

@@ -22,6 +22,7 @@ def components(summary: dict) -> dict[str, dict]:
     return {c["component"]: c for c in summary["compile"]["components"]}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", ["inductor_default"])  # aot_eager: the complete_update test
 def test_compile_takes_effect_on_env_runner_and_learner(cli, preset):
     result = cli(*TINY, "stop.iterations=3", f"compile={preset}")
@@ -42,6 +43,7 @@ def test_compile_takes_effect_on_env_runner_and_learner(cli, preset):
     assert f"compile {preset.split('_')[0]}" in result.stdout
 
 
+@pytest.mark.slow
 def test_remote_env_runner_and_remote_learner_compile(cli):
     """(aot_eager on the local ones: above; inductor on recreated remote EnvRunners, and
     compile=none's zero frames: tests/test_faults.py.) reduce-overhead on these CPU modules:
@@ -65,6 +67,7 @@ def test_remote_env_runner_and_remote_learner_compile(cli):
     assert ", CUDA graphs recorded 0 and skipped " in result.stdout
 
 
+@pytest.mark.slow
 def test_onnxrt_on_env_runners_matches_eager_after_weight_syncs(cli):
     result = cli(*TINY, "stop.iterations=3", "compile=onnxrt_default")
     assert result.returncode == 0, result.stderr
@@ -77,6 +80,7 @@ def test_onnxrt_on_env_runners_matches_eager_after_weight_syncs(cli):
     assert all(r["compile_max_abs_diff"] <= TOLERANCE for r in result.jsonl("metrics.jsonl"))
 
 
+@pytest.mark.slow
 def test_complete_update_compiles_the_learner_update(cli):
     result = cli(
         *TINY,
@@ -206,6 +210,7 @@ def test_dqn_exploration_mutates_an_inputs_storage_and_takes_the_timestep_as_an_
     assert graphs(PPOConfig()) == [{"storage_mutation": None, "int_inputs": 0}]
 
 
+@pytest.mark.slow
 def test_dqn_exploration_with_static_shapes_recompiles_per_timestep_up_to_the_limit():
     """compile.dynamic=false specializes on the int timestep (the warning check_placement
     gives): a frame per timestep until dynamo's recompile limit, then eager code."""

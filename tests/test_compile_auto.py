@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+import pytest
 from conftest import TINY, prepared, run_cli
 
 from runner.compile import auto
@@ -21,6 +22,7 @@ def figures(entry: dict) -> list[tuple]:
     return [tuple(c.get(k) for k in keys) for c in entry["candidates"]]
 
 
+@pytest.mark.slow
 def test_autotune_then_compile_auto_reuses_its_measurement_then_refreshes(tmp_path: Path):
     env = {"PYTHONPATH": str(TESTS)}
     common = [

@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import compose_config
+from conftest import compose_config, prepared
 from omegaconf import DictConfig
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 
-from runner import CONFIG_DIR, compose
+from runner import CONFIG_DIR, algorithm_config
 from runner.compile.settings import resolve
 from runner.errors import ConfigError
 from runner.plan import make_plan
@@ -20,7 +20,7 @@ def build_algorithm_config(cfg: DictConfig) -> AlgorithmConfig:
     """The AlgorithmConfig a run builds from this composed config (whatever its task)."""
     settings = typed(cfg)
     spec, _ = resolve(settings.compile)
-    return compose.build_algorithm_config(settings, spec)
+    return algorithm_config.build_algorithm_config(settings, spec)
 
 
 GROUPS = ("hardware", "compile", "scaling", "algo", "env", "task", "experiment")
@@ -103,7 +103,7 @@ def test_scaling_key_set_twice_is_refused():
 )
 def test_counts_out_of_range(override: str):
     with pytest.raises(ConfigError, match="must be >="):
-        build_algorithm_config(compose_config([override]))
+        prepared([override])
 
 
 def test_breakout_is_wrapped_for_the_new_api_stack():

@@ -24,11 +24,11 @@ from ray.rllib.algorithms.ppo import PPOConfig
 from runner import guard
 from runner.__main__ import _refuse_used_run_dir as refuse_used_run_dir
 from runner.errors import RunnerError
+from runner.loop import learners_in_service
 from runner.ray_session import descendants
 from runner.results import checkpoints
 from runner.schema import WatchdogConfig
 from runner.shutdown import stall_bound
-from runner.tasks.train import learners_in_service
 
 TESTS = Path(__file__).resolve().parent
 FAULTY_ENV = ("env.id=null", "env.entry_point=faulty_env:FaultyCartPole")
@@ -131,6 +131,7 @@ def _actor_pid(root: int, name: str) -> int:
     raise AssertionError(f"no {name} process under {root}")
 
 
+@pytest.mark.slow
 def test_sigterm_keeps_the_last_iteration_and_resume_continues(tmp_path: Path, capsys):
     """Kubernetes' preemption: SIGTERM mid-run, with a remote EnvRunner."""
     cli = Cli(
@@ -220,6 +221,7 @@ def test_sigterm_keeps_the_last_iteration_and_resume_continues(tmp_path: Path, c
     )
 
 
+@pytest.mark.slow
 def test_second_signal_aborts_at_once_and_leaves_whole_files(tmp_path: Path):
     """Both signals land inside iteration 2 (3 s of slow steps on a remote EnvRunner). The
     second is sent once the first was taken: two of one signal sent before the process
@@ -278,6 +280,7 @@ def test_second_signal_while_the_run_winds_down_aborts_without_a_traceback(tmp_p
     assert "Traceback" not in "".join(lines)
 
 
+@pytest.mark.slow
 def test_iteration_that_outlives_the_grace_is_abandoned(tmp_path: Path):
     """A slow env: each iteration takes seconds; SIGINT with a 0.5 s grace abandons the
     iteration in flight, and the checkpoint of the last finished one stays the newest."""
@@ -311,6 +314,7 @@ def test_iteration_that_outlives_the_grace_is_abandoned(tmp_path: Path):
     )
 
 
+@pytest.mark.slow
 def test_killed_env_runner_is_recreated_and_recompiled_from_the_shared_cache(tmp_path: Path):
     """SIGKILL to one of two remote EnvRunners compiling with inductor into one cache:
     RLlib recreates it, the compile callback compiles the new one, which loads the graph
@@ -367,6 +371,7 @@ def test_killed_env_runner_is_recreated_and_recompiled_from_the_shared_cache(tmp
     )
 
 
+@pytest.mark.slow
 def test_killed_learner_fails_the_run_and_keeps_the_checkpoints(tmp_path: Path):
     cli = Cli(
         tmp_path,
@@ -399,6 +404,7 @@ def test_killed_learner_fails_the_run_and_keeps_the_checkpoints(tmp_path: Path):
     )
 
 
+@pytest.mark.slow
 def test_a_learner_lost_without_an_error_is_named_and_its_checkpoint_not_kept(tmp_path: Path):
     """RLlib does not check the result of its Learner call while writing a checkpoint: a
     Learner killed right then leaves the group short with no error, the checkpoint lacks
@@ -440,6 +446,7 @@ def test_a_learner_lost_without_an_error_is_named_and_its_checkpoint_not_kept(tm
         os.environ.update(environ)
 
 
+@pytest.mark.slow
 def test_nan_reward_stops_the_run_and_keeps_the_last_finite_checkpoint(tmp_path: Path):
     result = run_cli(
         tmp_path, *NAN_AT_250, "stop.iterations=10", "checkpoint.every=1", env=WITH_TESTS
@@ -461,6 +468,7 @@ def test_nan_reward_stops_the_run_and_keeps_the_last_finite_checkpoint(tmp_path:
     )
 
 
+@pytest.mark.slow
 def test_guard_warn_goes_on_past_a_nan(tmp_path: Path):
     result = run_cli(
         tmp_path, *NAN_AT_250, "stop.iterations=3", "guard.non_finite=warn", env=WITH_TESTS
@@ -473,6 +481,7 @@ def test_guard_warn_goes_on_past_a_nan(tmp_path: Path):
     assert checkpoints.latest(result.run_dir).name == "iter_000003"
 
 
+@pytest.mark.slow
 def test_stall_stops_with_what_ray_waits_for(tmp_path: Path):
     """More EnvRunners than CPUs, past the preflight: Ray never places the third."""
     result = run_cli(
@@ -500,6 +509,7 @@ def test_stall_stops_with_what_ray_waits_for(tmp_path: Path):
     )
 
 
+@pytest.mark.slow
 def test_sweep_interrupted_in_its_second_job_continues_it(tmp_path: Path):
     """After its dry run, Ctrl-C during job 1: it is recorded as interrupted and the sweep
     stops; the same sweep run again skips job 0 and continues job 1 from its checkpoint.

@@ -25,6 +25,7 @@ def smoke(tmp_path_factory) -> dict:
     return json.loads((out / "smoke.json").read_text())
 
 
+@pytest.mark.slow
 def test_dry_run_plans_every_step(smoke: dict):
     steps = {s["step"]: s for s in smoke["steps"]}
     assert list(steps) == STEPS

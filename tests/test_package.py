@@ -45,6 +45,7 @@ def _files(root: Path, pattern: str) -> set[Path]:
     return {p.relative_to(root) for p in root.rglob(pattern) if "__pycache__" not in p.parts}
 
 
+@pytest.mark.slow
 def test_wheel_ships_every_file_the_code_reads(installed: Path):
     shipped = _files(installed / "runner" / "conf", "*.yaml")
     assert shipped == _files(ROOT / "conf", "*.yaml")
@@ -54,6 +55,7 @@ def test_wheel_ships_every_file_the_code_reads(installed: Path):
     assert _files(installed / "runner", "*.py") == modules
 
 
+@pytest.mark.slow
 def test_installed_wheel_runs_outside_the_clone(installed: Path, tmp_path: Path):
     where = outside(installed, tmp_path, "-c", "import runner; print(runner.CONFIG_DIR)")
     assert where.stdout.strip() == str(installed / "runner" / "conf")

@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import prepared
 
-from runner import preflight
+from runner import machine, preflight
 from runner.errors import ConfigError
 
 BLACKWELL_ARCHS = ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]
@@ -31,7 +31,7 @@ def verdict(
     driver sees `driver` (a local machine's own GPUs unless given)."""
     job = prepared(overrides)
     seen = list(names if driver is None and local else driver or ())
-    res = preflight.Resources(
+    res = machine.Resources(
         "a test machine" if local else "the test cluster",
         cpus,
         gpus,
@@ -72,7 +72,7 @@ def test_gpu_profile_on_another_gpu_fails_naming_both():
     ],
 )
 def test_gpu_models_match_as_whole_model_numbers(name: str, family: str, matches: bool):
-    assert preflight.is_gpu_of(name, family) is matches
+    assert machine.is_gpu_of(name, family) is matches
 
 
 def test_h100_and_h200_profiles_take_their_own_gpu():
@@ -171,7 +171,7 @@ def test_inference_bench_on_a_gpu_needs_the_drivers_gpu():
     ],
 )
 def test_compute_capability_against_torchs_kernels(capability, archs, runs):
-    assert preflight.has_kernels(capability, archs) is runs
+    assert machine.has_kernels(capability, archs) is runs
 
 
 def test_a_gpu_without_kernels_in_this_torch_is_refused():
@@ -186,7 +186,7 @@ def test_a_gpu_profile_here_says_torch_is_a_cpu_build():
     """Real: this machine's torch is the CPU build (CI's, too)."""
     assert torch.version.cuda is None
     job = prepared(["hardware=a100"])
-    res = preflight.local_resources(job.settings.ray)
+    res = machine.local_resources(job.settings.ray)
     (problem,) = preflight.check(
         job.settings, job.config, job.plan, res, job.warnings, job.spec
     ).problems

@@ -1,11 +1,14 @@
-"""Every command README.md shows runs here, block by block, as a user pastes it.
+"""Every command README.md and the docs/ pages show runs here, block by block, as a user
+pastes it.
 
-`tests/readme.py` reads the commands (fenced shell blocks and inline code). Each has an
-entry in WAYS saying how it runs: as written where it finishes in about a minute on a
-2-core CPU, otherwise with a tiny stop (the overrides appended; Hydra and argparse take
-the last value) or a dry run, or as a command that must refuse with one line. A command
-added to the README without an entry fails `test_every_readme_command_has_a_way_to_run`.
-The set-up commands are the ones `.ci/run` runs.
+`tests/readme.py` reads the commands (fenced shell blocks and inline code) of README.md
+and every docs/*.md page. Each has an entry in WAYS saying how it runs: as written where
+it finishes in about a minute on a 2-core CPU, otherwise with a tiny stop (the overrides
+appended; Hydra and argparse take the last value) or a dry run, or as a command that must
+refuse with one line. A command added to a page without an entry fails
+`test_every_readme_command_has_a_way_to_run`. A command shown more than once runs once
+(see `where_it_runs`): the README's first screen shows commands that its later sections
+run. The set-up commands are the ones `.ci/run` runs.
 """
 
 from __future__ import annotations
@@ -25,19 +28,16 @@ from pathlib import Path
 
 import cli_forks
 import pytest
-from readme import SETUP, commands, setup
+from conftest import TINY_BATCH
+from readme import README, SETUP, Command, commands, python_blocks, setup
 
 ROOT = Path(__file__).resolve().parent.parent
 # `python -m runner <overrides>` with nothing for a shell to do but split the words.
 RUNNER_COMMAND = re.compile(r"python -m runner(\s|$)")
 SHELL_SYNTAX = set("|&;<>$`*?")
 TINY = ("stop.iterations=1",)
-# A PPO batch a 2-core CPU gets through in a second, for commands that train as written.
-SMALL_BATCH = (
-    "algo.training.train_batch_size_per_learner=400",
-    "algo.training.minibatch_size=128",
-    "algo.training.num_epochs=1",
-)
+# The shared tiny PPO batch, for commands that train as written.
+SMALL_BATCH = TINY_BATCH
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,7 @@ class Way:
     code: int = 0
     expect: str = ""
     env: dict[str, str] = field(default_factory=dict)
+    in_repo: bool = False  # runs in the repository (pytest finds the tests there)
 
 
 AS_WRITTEN = Way()
@@ -55,24 +56,21 @@ SET_UP = Way(expect="set-up: .ci/run runs it")
 REFUSES_HERE = "refuses on this CPU machine"
 
 WAYS: dict[str, Way] = {
-    # Quick start: the set-up commands are what .ci/run runs (see test_ci_runs_...).
+    # README, Quick start and Tests: the set-up commands are what .ci/run runs (see
+    # test_ci_runs_...); the first screen's others run in the sections that show them again.
     "python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 -e . && "
     "python -m runner": SET_UP,
     "python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 -e '.[test]'"
     " && python -m pytest -q": SET_UP,
     "python3 -m venv .venv-ipex && . .venv-ipex/bin/activate && pip install -e '.[test,ipex]'"
     " && python -m pytest -q -m ipex": SET_UP,
-    "python -m runner hardware=a100 compile=inductor_ro scaling.num_learners=2 dry_run=true": Way(
-        expect="preflight would fail: hardware=a100 expects an NVIDIA A100 GPU"
-    ),
-    "python -m runner -m compile=none,inductor_default scaling.num_env_runners=0,1": Way(
-        (*TINY, *SMALL_BATCH), expect="sweep: 4 jobs, 0 failed"
-    ),
-    "python -m runner experiment=tuned_sac_pendulum": Way(
-        (*TINY, "check.enabled=false"), expect="done (iterations 1 >= 1)"
-    ),
-    "python -m runner --help": Way(expect="experiment: "),
+    # Quick start and Config groups
+    "python -m runner --help": Way(expect="tuned presets"),  # runner/help.py's page
     "python -m runner --cfg job": Way(expect="num_env_runners:"),
+    # Tests: the fast subset, collected only: running the suite inside the suite would recurse.
+    'python -m pytest -m "not slow"': Way(
+        ("--collect-only", "-q", "-p", "no:cacheprovider"), expect="tests collected", in_repo=True
+    ),
     # Overrides
     "python -m runner algo.training.lr=1e-4 +algo.training.grad_clip=40 "
     "+algo.rl_module.model_config.fcnet_hiddens=[64,64] stop.iterations=2": Way(
@@ -88,7 +86,8 @@ WAYS: dict[str, Way] = {
         ("check.threshold=1", *SMALL_BATCH),
         expect="done (check passed: env_runners/episode_return_mean",
     ),
-    # Bring your own (the block's test uninstalls the example package afterwards)
+    # Bring your own (the block's test uninstalls the example package afterwards), and
+    # docs/bring_your_own.md
     "pip install -e examples/my_rl_pkg": Way(expect="Successfully installed my-rl-pkg"),
     "python -m runner --config-dir examples/my_rl_pkg/conf experiment=corridor_ppo": Way(
         TINY, expect="done (iterations 1 >= 1)"
@@ -103,6 +102,9 @@ WAYS: dict[str, Way] = {
     "python -m runner experiment=tuned_dqn_cartpole": Way(
         (*TINY, "check.threshold=1"), expect="done (check passed"
     ),
+    "python -m runner experiment=tuned_sac_pendulum": Way(
+        (*TINY, "check.enabled=false"), expect="done (iterations 1 >= 1)"
+    ),
     # 4 EnvRunners and a remote Learner: remote actors train in tests/test_train.py.
     "python -m runner experiment=tuned_ppo_cartpole ray.num_cpus=8": Way(
         ("dry_run=true",), expect="dry run: nothing started"
@@ -111,18 +113,22 @@ WAYS: dict[str, Way] = {
     "python -m runner -m experiment=tuned_dqn_cartpole seed=0,1,2,3,4": Way(
         ("seed=0", *TINY, "check.threshold=1"), expect="sweep: 1 jobs, 0 failed"
     ),
+    # docs/tuned.md
     "DOC=docs/tuned.md bash benchmarks/tuned_experiments.sh": Way(
         env={"ONLY": "main_job", "SEEDS": "0", "EXTRA": "stop.iterations=1 check.threshold=1"},
         expect="refreshed docs/tuned.md",
     ),
     # Plan and preflight
+    "python -m runner hardware=a100 compile=inductor_ro scaling.num_learners=2 dry_run=true": Way(
+        expect="preflight would fail: hardware=a100 expects an NVIDIA A100 GPU"
+    ),
     "python -m runner hardware=a100 compile=inductor_ro scaling.num_learners=2": Way(
         code=2, expect="error: hardware=a100 expects an NVIDIA A100 GPU"
     ),
     "python -m runner experiment=exploration_ipex_default scale=local dry_run=true": Way(
         expect="dry run: nothing started"
     ),
-    # torch.compile
+    # docs/compile.md
     "python -m runner compile=inductor_default "
     "'compile.cache_dir=\"~/.cache/rllib-runner/inductor\"' stop.iterations=2": Way(
         SMALL_BATCH,
@@ -138,12 +144,12 @@ WAYS: dict[str, Way] = {
         ("task.components=[env_runners]", "compile.auto.candidates=[onnxrt/default]"),
         expect="choice: ",
     ),
-    "python benchmarks/compile_auto.py --iterations 10 --repeats 2 --readme README.md": Way(
+    "python benchmarks/compile_auto.py --iterations 10 --repeats 2 --readme docs/compile.md": Way(
         ("--iterations", "1", "--repeats", "1", "--workloads", "main"),
-        expect="refreshed README.md",
+        expect="refreshed docs/compile.md",
     ),
     "python benchmarks/onnx_exporters.py": Way(("--calls", "50"), expect="torchscript "),
-    # Benchmarks
+    # docs/benchmarks.md
     "python -m runner task=inference_bench env=cartpole compile=onnxrt_default "
     "task.batch_sizes=[1,4,16,64]": Way(("task.iterations=50",), expect="batch  64 |"),
     "python -m runner task=exploration_bench compile=onnxrt_default scaling.num_env_runners=1 "
@@ -151,7 +157,8 @@ WAYS: dict[str, Way] = {
     "python benchmarks/compile_forward.py --envs cartpole --iterations 100": Way(
         expect="cartpole  inductor   batch  16"
     ),
-    # Reproductions
+    # docs/reproductions.md (--help: --write would rewrite conf/experiment/ in the checkout)
+    "python -m runner.published --write": Way(("--help",), expect="regenerate conf/experiment/"),
     "python -m runner.published": Way(expect="headline_a100_21n"),
     "python -m runner experiment=inference_cpu_201_onnxrt_default": Way(
         ("task.iterations=200", "task.burn_in=20"), expect="batch  16 |"
@@ -176,14 +183,17 @@ WAYS: dict[str, Way] = {
         expect="report.md",
     ),
     "python -m runner.docs docs/reproductions.md": Way(expect="refreshed docs/reproductions.md"),
-    # Sweeps
+    # Sweeps: the first screen's sweep (with a tiny stop), then two of their own
+    "python -m runner -m compile=none,inductor_default scaling.num_env_runners=0,1": Way(
+        (*TINY, *SMALL_BATCH), expect="sweep: 4 jobs, 0 failed"
+    ),
     "python -m runner -m compile=none,eager stop.iterations=2 "
     "hydra.sweep.dir=outputs/my_sweep": Way(SMALL_BATCH, expect="sweep: 2 jobs, 0 failed"),
     "python -m runner -m hardware=cpu,a100 scaling.num_env_runners=1,2 dry_run=true": Way(
         expect="dry run: 4 jobs, 0 invalid"
     ),
     "python -m runner.sweep outputs/my_sweep": Way(expect="2 jobs, 0 failed."),
-    # On a Ray cluster (the block starts a real one-node cluster and stops it)
+    # docs/cluster.md (the block starts a real one-node cluster and stops it)
     "ray start --head --num-cpus=8": Way(("--disable-usage-stats",), expect="Ray runtime started"),
     # Two of the six EnvRunners: the same remote placement on this 2-core machine.
     "python -m runner ray.address=auto scaling.num_env_runners=6 stop.iterations=1": Way(
@@ -194,7 +204,7 @@ WAYS: dict[str, Way] = {
         SMALL_BATCH, expect="sweep: 2 jobs, 0 failed"
     ),
     "ray stop": Way(expect="Stopped"),
-    # On a GPU (run by tests/test_gpu_smoke.py, which checks what the dry run planned)
+    # docs/gpu.md (run by tests/test_gpu_smoke.py, which checks what the dry run planned)
     "python benchmarks/gpu_smoke.py --dry-run": Way(expect="written: outputs/gpu_smoke/smoke.md"),
     "python benchmarks/gpu_smoke.py": Way(code=2, expect="sees no CUDA GPU here"),
     # Results and resume
@@ -244,29 +254,110 @@ WAYS: dict[str, Way] = {
         (*SMALL_BATCH, "stop.iterations=2", "hydra.sweep.dir=outputs/tracked_sweep"),
         expect="sweep: 2 jobs, 0 failed",
     ),
-    # Runner overhead
-    "python benchmarks/overhead.py --iterations 10 --repeats 3": Way(
-        ("--iterations", "1", "--repeats", "1"), expect="env steps per second"
+    # docs/benchmarks.md, Runner overhead
+    # Five alternated repeats is its least (a spread over fewer says nothing).
+    "python benchmarks/overhead.py --iterations 10 --repeats 5": Way(
+        ("--iterations", "1"), expect="env steps per second"
     ),
 }
 
-COMMANDS = commands()
+COMMANDS = commands()  # README.md, then docs/*.md
 # Sections whose commands another test runs (with run_block), then checks what they wrote.
 RUN_ELSEWHERE = {
     "Use what you trained": "tests/test_use_trained.py",
     "Search and track": "tests/test_tune.py",
     "On a GPU": "tests/test_gpu_smoke.py",
 }
-BLOCKS = sorted(
-    {(c.section, c.block) for c in COMMANDS if c.section not in RUN_ELSEWHERE},
-    key=lambda b: COMMANDS.index(next(c for c in COMMANDS if (c.section, c.block) == b)),
-)
+# The README's first screen: install, then train, watch, evaluate, export, sweep, search.
+FIRST_SCREEN = 45
+
+
+def where_it_runs(shown: list[Command]) -> dict[str, Command]:
+    """Where each command runs: a command shown more than once runs where a fenced block
+    shows it last (a block's commands run in order, in one dir, so the ones before it are
+    there), else where it is last shown inline (a mention). The README's first screen runs
+    none of its own: its later sections show each command again with what it needs."""
+    chosen: dict[str, Command] = {}
+    for c in shown:
+        if c.block or c.text not in chosen or not chosen[c.text].block:
+            chosen[c.text] = c
+    return chosen
+
+
+RUNS = where_it_runs(COMMANDS)
+
+
+def _key(c: Command) -> tuple[str, str, int]:
+    return (c.page, c.section, c.block)
+
+
+def _block_texts(block: tuple[str, str, int]) -> list[str]:
+    """The commands a block runs here, in page order (a command shown again later runs there)."""
+    return [c.text for c in COMMANDS if _key(c) == block and RUNS[c.text] == c]
+
+
+BLOCKS = [
+    block
+    for block in dict.fromkeys(_key(c) for c in COMMANDS if c.section not in RUN_ELSEWHERE)
+    if any(WAYS.get(text) is not SET_UP for text in _block_texts(block))
+]
+
+
+def _block_id(block: tuple[str, str, int]) -> str:
+    page, section, number = block
+    name = f"{section.split()[0].lower()}-{number}"
+    return name if page == "README.md" else f"{Path(page).stem}:{name}"
 
 
 def test_every_readme_command_has_a_way_to_run():
+    """Every command on every page (README.md and docs/*.md) has its Way, and runs once."""
     shown = {c.text for c in COMMANDS}
-    assert shown - WAYS.keys() == set(), "README commands without an entry in WAYS"
-    assert WAYS.keys() - shown == set(), "entries in WAYS the README no longer shows"
+    assert shown - WAYS.keys() == set(), "commands on a page without an entry in WAYS"
+    assert WAYS.keys() - shown == set(), "entries in WAYS no page shows any longer"
+    assert {c.page for c in COMMANDS} > {"README.md"}, "no docs page read"
+    for text, c in RUNS.items():
+        if WAYS[text] is SET_UP:
+            continue
+        ran = c.section in RUN_ELSEWHERE or _key(c) in BLOCKS
+        assert ran and text in _block_texts(_key(c)), f"{c.page}, {c.section}: {text}"
+
+
+def test_first_screen_goes_from_install_to_search():
+    """The README's first screen: the main set-up command, then one command each to train,
+    watch, evaluate, export, sweep and search, each run where a later section shows it."""
+    first = [c for c in COMMANDS if c.page == "README.md" and c.line <= FIRST_SCREEN]
+    texts = [c.text for c in first]
+    assert setup("main") in texts
+    tour = [c for c in first if WAYS[c.text] is not SET_UP and c.block]
+    steps = ("hydra.run.dir=", "tensorboard --logdir", "task=evaluate", "task=export", " -m ")
+    for step in (*steps, "task=tune"):
+        assert any(step in c.text for c in tour), f"the first screen shows no '{step}'"
+    for c in tour:
+        assert RUNS[c.text].line > c.line, f"shown on the first screen alone: {c.text}"
+    assert "```text" in "\n".join(README.read_text().splitlines()[:FIRST_SCREEN])
+
+
+@pytest.mark.slow
+def test_python_api_example_runs(tmp_path: Path):
+    """The README's Python API example, as a user saves and runs it (its outputs/ here)."""
+    (script,) = python_blocks("Python API")
+    (tmp_path / "home").mkdir()
+    (tmp_path / "example.py").write_text(script)
+    proc = subprocess.run(
+        [sys.executable, "example.py"],
+        cwd=tmp_path,
+        env=_env(tmp_path / "home", {}),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    status, iterations, run_dir = proc.stdout.strip().splitlines()[-1].split()
+    assert (status, iterations) == ("finished", "2"), proc.stdout[-3000:]
+    summary_file = (tmp_path / run_dir / "summary.json").resolve()
+    assert summary_file.is_relative_to(tmp_path.resolve()) and summary_file.is_file()
 
 
 def test_ci_runs_the_readme_set_up_commands():
@@ -327,12 +418,13 @@ def run_block(commands_in_block: list[str], cwd: Path) -> None:
             assert serve_tensorboard(command, cwd, env) == way.expect
             continue
         line = " ".join([command, *way.extra])
+        at = ROOT if way.in_repo else cwd
         if RUNNER_COMMAND.match(line) and not SHELL_SYNTAX & set(line):
             # The CLI's own entry point, forked after one shared import (tests/cli_forks.py).
-            proc = cli_forks.server().run(cwd, shlex.split(line)[3:], env, timeout=600)
+            proc = cli_forks.server().run(at, shlex.split(line)[3:], env, timeout=600)
         else:
             proc = subprocess.run(
-                ["bash", "-c", line], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
+                ["bash", "-c", line], cwd=at, env=env, capture_output=True, text=True, timeout=600
             )
         out = proc.stdout + proc.stderr
         assert proc.returncode == way.code, f"{line}\n{out[-3000:]}"
@@ -344,8 +436,8 @@ def run_block(commands_in_block: list[str], cwd: Path) -> None:
 
 @pytest.fixture
 def workdir(tmp_path: Path) -> Path:
-    """A user's dir: the README's relative paths (benchmarks/, docs/, examples/,
-    README.md) are there."""
+    """A user's dir: the pages' relative paths (benchmarks/, docs/, examples/, README.md)
+    are there."""
     for name in ("benchmarks", "docs", "examples"):
         shutil.copytree(ROOT / name, tmp_path / name)
     shutil.copy2(ROOT / "README.md", tmp_path / "README.md")
@@ -353,28 +445,29 @@ def workdir(tmp_path: Path) -> Path:
     return tmp_path
 
 
-@pytest.mark.parametrize("block", BLOCKS, ids=[f"{s.split()[0].lower()}-{b}" for s, b in BLOCKS])
-def test_readme_block_runs(block: tuple[str, int], workdir: Path):
-    section, number = block
-    texts = [c.text for c in COMMANDS if (c.section, c.block) == block]
+@pytest.mark.slow
+@pytest.mark.parametrize("block", BLOCKS, ids=[_block_id(b) for b in BLOCKS])
+def test_readme_block_runs(block: tuple[str, str, int], workdir: Path):
+    page, section, number = block
     try:
-        run_block(texts, workdir)
+        run_block(_block_texts(block), workdir)
     finally:
-        if section == "On a Ray cluster":
+        if (page, section) == ("docs/cluster.md", "On a Ray cluster"):
             subprocess.run(["bash", "-c", "ray stop"], env=_env(workdir, {}), capture_output=True)
-        if section == "Bring your own" and number == 1:
+        if block == ("README.md", "Bring your own", 1):
             # The install pointed into this temp dir: leave the environment as it was.
             pip = [sys.executable, "-m", "pip", "uninstall", "-y", "-q", "my-rl-pkg"]
             subprocess.run(pip, capture_output=True)
-    if section == "torch.compile" and number == 1:
+    if block == ("docs/compile.md", "torch.compile", 1):
         assert any((workdir / "home" / ".cache" / "rllib-runner" / "inductor").iterdir())
-    if section == "Reproductions" and number == 1:
+    if block == ("docs/reproductions.md", "Reproductions", 1):
         page = (workdir / "docs" / "reproductions.md").read_text()
         measured = page.split("<!-- measured:begin -->")[1]
         assert "inference_cpu_201_onnxrt_default" in measured
         assert "exploration_onnxrt_default" in measured
 
 
+@pytest.mark.slow
 def test_main_job_solves_cartpole(workdir: Path):
     """The main command's job, `python -m runner` as written: PPO on CartPole to 450."""
     job = setup("main").split(" && ")[-1]

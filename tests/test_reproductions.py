@@ -11,9 +11,10 @@ import pytest
 from conftest import compose_config, prepared, run_cli
 
 from runner import CONFIG_DIR, docs, published, report
+from runner.algorithm_config import build_algorithm_config
 from runner.compile.settings import ipex_problem
-from runner.compose import build_algorithm_config
-from runner.preflight import Resources, check
+from runner.machine import Resources
+from runner.preflight import check
 from runner.tasks.exploration_bench import eager_twin
 
 EXPERIMENTS = list(published.experiments())
@@ -69,7 +70,8 @@ def test_published_figures_reach_the_composed_config():
         16: pytest.approx(0.1500, abs=1e-4)
     }
     assert cfg.hardware.name == "cpu" and cfg.compile.backend == "ipex"
-    assert (cfg.task.name, cfg.task.iterations, cfg.task.burn_in) == ("inference_bench", 5000, 500)
+    assert (cfg.task.iterations, cfg.task.burn_in) == (5000, 500)
+    assert prepared(["experiment=inference_cpu_201_ipex_default"]).task.name == "inference_bench"
     assert cfg.env.id == "ALE/Breakout-v5"
 
 
@@ -81,6 +83,7 @@ def test_headline_notes_say_which_appendix_row_has_the_figure():
     assert "inductor + max-autotune" in cfg.reproduction.note
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_experiment_plans_and_preflights_on_a_cpu_machine(name: str):
     """GPU reproductions refuse through the preflight; scale=local makes every one fit.
@@ -153,6 +156,7 @@ def exploration_run(tmp_path_factory) -> Path:
     return result.run_dir
 
 
+@pytest.mark.slow
 def test_exploration_bench_writes_both_throughputs(exploration_run: Path):
     import json
 
@@ -197,6 +201,7 @@ def inference_run(tmp_path_factory) -> Path:
     return result.run_dir
 
 
+@pytest.mark.slow
 def test_report_puts_published_and_measured_side_by_side(
     exploration_run: Path, inference_run: Path, tmp_path: Path
 ):

@@ -46,6 +46,7 @@ def finished_sweep(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]
     return cwd, proc
 
 
+@pytest.mark.slow
 def test_sweep_summarises_every_job(finished_sweep):
     cwd, proc = finished_sweep
     assert proc.returncode == 0, proc.stderr
@@ -71,6 +72,7 @@ def test_sweep_summarises_every_job(finished_sweep):
     assert "4 jobs, 0 failed." in (sweep_dir / "summary.md").read_text()
 
 
+@pytest.mark.slow
 def test_rerun_skips_finished_jobs(finished_sweep):
     cwd, _ = finished_sweep
     metrics = cwd / "sweep" / "0" / "metrics.jsonl"
@@ -82,6 +84,7 @@ def test_rerun_skips_finished_jobs(finished_sweep):
     assert len(read_summary(cwd / "sweep")) == 4
 
 
+@pytest.mark.slow  # its module's trained run
 def test_summary_rebuilds_from_the_sweep_dir(finished_sweep, capsys):
     cwd, _ = finished_sweep
     sweep_dir = cwd / "sweep"
@@ -94,6 +97,7 @@ def test_summary_rebuilds_from_the_sweep_dir(finished_sweep, capsys):
     assert "| compile=eager scaling.num_envs_per_env_runner=2 |" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_failed_job_is_recorded_and_the_rest_run(tmp_path: Path):
     proc = run_sweep(tmp_path, "scaling.num_envs_per_env_runner=1,0", *JOB)
     assert proc.returncode == 1
@@ -109,6 +113,7 @@ def test_failed_job_is_recorded_and_the_rest_run(tmp_path: Path):
     assert (tmp_path / "sweep" / "1" / "attempt-1" / "job.json").is_file()
 
 
+@pytest.mark.slow
 def test_sweep_dry_run_plans_every_job_and_runs_none(tmp_path: Path):
     proc = run_sweep(tmp_path, "hardware=cpu,a100", "scaling.num_env_runners=1,-1", "dry_run=true")
     assert proc.returncode == 1  # two invalid jobs
@@ -126,6 +131,7 @@ def test_sweep_dry_run_plans_every_job_and_runs_none(tmp_path: Path):
     ]
 
 
+@pytest.mark.slow
 def test_crash_inside_rllib_is_one_failed_job(tmp_path: Path):
     """Zero epochs pass RLlib's checks, and its Learner then fails in the first update."""
     job = [o for o in JOB if not o.startswith("algo.training.num_epochs")]
@@ -161,6 +167,7 @@ def test_speedup_baseline_is_the_compile_none_job_with_equal_overrides():
     assert rows[3]["speedup"] == pytest.approx(80 / 50 - 1)
 
 
+@pytest.mark.slow
 def test_seeds_are_grouped_with_intervals_and_a_learning_curve(tmp_path: Path):
     """Three seeds of one configuration: one row with the pass rate, IQMs with scipy's
     bootstrap intervals, the median steps to threshold, and the learning-curve plot."""

@@ -4,9 +4,10 @@ remote EnvRunner: tests/test_faults.py, whose runs are interrupted and resumed.)
 
 from __future__ import annotations
 
+import pytest
 from conftest import TINY
 
-from runner.tasks.train import carry_last_return, print_row
+from runner.loop import carry_last_return, print_row
 
 
 def test_experiment_values_override_the_root_config():
@@ -73,6 +74,7 @@ def _learning_figures(rows: list[dict]) -> list[dict]:
     ]
 
 
+@pytest.mark.slow
 def test_same_seed_without_env_runner_actors_gives_identical_metrics(cli):
     """num_env_runners=0: sampling and learning in one process, so a seed fixes every
     figure of the first iterations (the README says what is not deterministic)."""

@@ -57,6 +57,7 @@ def mlflow_client(outputs: Path) -> MlflowClient:
     return MlflowClient(f"sqlite:///{outputs / 'mlflow.db'}")
 
 
+@pytest.mark.slow
 def test_search_writes_every_trial_and_asha_stops_the_trailing_ones(outputs: Path):
     rows = _rows(outputs / "search" / "trials.csv")
     assert [int(r["trial"]) for r in rows] == [1, 2, 3, 4]
@@ -86,6 +87,7 @@ def test_search_writes_every_trial_and_asha_stops_the_trailing_ones(outputs: Pat
         assert (outputs / "search" / plot).stat().st_size > 1000
 
 
+@pytest.mark.slow  # its module's trained run
 def test_best_trial_is_an_experiment_that_runs_with_its_values(outputs: Path):
     best = json.loads((outputs / "search" / "summary.json").read_text())["best"]
     text = (outputs / "search" / "experiment" / "best.yaml").read_text()
@@ -101,6 +103,7 @@ def test_best_trial_is_an_experiment_that_runs_with_its_values(outputs: Path):
     assert json.loads((outputs / "best" / "summary.json").read_text())["status"] == "finished"
 
 
+@pytest.mark.slow  # its module's trained run
 def test_resuming_a_finished_search_reports_the_same_trials(outputs: Path):
     before = _rows(outputs / "search" / "trials.csv")
     after = _rows(outputs / "search_resumed" / "trials.csv")
@@ -108,6 +111,7 @@ def test_resuming_a_finished_search_reports_the_same_trials(outputs: Path):
     assert [r["objective"] for r in after] == [r["objective"] for r in before]
 
 
+@pytest.mark.slow  # its module's trained run
 def test_mlflow_holds_one_run_per_trial_with_its_values(outputs: Path, mlflow_client):
     experiment = mlflow_client.get_experiment_by_name(str((outputs / "search").resolve()))
     runs = mlflow_client.search_runs([experiment.experiment_id])
@@ -124,6 +128,7 @@ def test_mlflow_holds_one_run_per_trial_with_its_values(outputs: Path, mlflow_cl
         assert run.data.tags["task"] == "tune" and run.data.tags["algo"] == "PPO"
 
 
+@pytest.mark.slow  # its module's trained run
 def test_mlflow_holds_the_training_run_with_params_metrics_and_artifacts(
     outputs: Path, mlflow_client
 ):
@@ -153,6 +158,7 @@ def test_mlflow_holds_the_training_run_with_params_metrics_and_artifacts(
     )
 
 
+@pytest.mark.slow  # its module's trained run
 def test_mlflow_holds_a_sweep_as_one_experiment_with_a_run_per_job(outputs: Path, mlflow_client):
     experiment = mlflow_client.get_experiment_by_name("outputs/tracked_sweep")
     runs = mlflow_client.search_runs([experiment.experiment_id])
@@ -178,6 +184,7 @@ def _wait_for_results(tune_dir: Path, lines: int, timeout: float) -> None:
     raise AssertionError(f"no two trials reported {lines} results within {timeout} s")
 
 
+@pytest.mark.slow
 def test_interrupted_search_exits_130_and_resume_finishes_it(tmp_path: Path):
     args = [*SMALL_SEARCH, "task.num_samples=6", "hydra.run.dir=first"]
     proc = subprocess.Popen(
@@ -306,3 +313,30 @@ def test_bad_search_input_fails_fast_in_one_line(refusals, name):
     assert result.seconds < 10, f"took {result.seconds:.1f} s after the imports"
     assert set(cwd.iterdir()) <= {cwd / "run"}
     assert not (cwd / "run" / "tune").exists() and not (cwd / "run" / "metrics.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_a_trial_stops_at_its_check_as_a_run_does(tmp_path: Path):
+    """Each trial is the one training loop: check.* stops it once met (its verdict in
+    trials.csv), and it writes metrics.jsonl in the run's format in its own dir."""
+    result = run_cli(
+        tmp_path,
+        *SMALL_SEARCH,
+        "task.num_samples=2",
+        "task.searcher=random",
+        "check.threshold=10",
+        "check.env_steps=2000",
+        run_dir="checked",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = _rows(tmp_path / "checked" / "trials.csv")
+    assert len(rows) == 2
+    for row in rows:
+        assert row["check"] == "passed", row
+        assert row["stop_reason"].startswith("check passed: env_runners/episode_return_mean")
+        assert float(row["env_steps"]) < 2000  # stopped by the check, not the budget
+    for trial_dir in (tmp_path / "checked" / "tune").glob("trial_*"):
+        lines = (trial_dir / "metrics.jsonl").read_text().splitlines()
+        first = json.loads(lines[0])
+        assert first["iteration"] == 1 and "env_runners/episode_return_mean" in first["metrics"]
+        assert (trial_dir / "checkpoints").is_dir()

@@ -78,6 +78,7 @@ def test_atari_experiment_is_refused_here_in_one_line(cli):
     assert not (result.run_dir / "metrics.jsonl").exists()
 
 
+@pytest.mark.slow
 def test_atari_experiment_trains_at_scale_local(cli):
     """On a remote EnvRunner (scale=local has one): the Atari env reaches it as a class
     (RLlib refuses a plain function)."""

@@ -26,9 +26,9 @@ from ray.rllib.core.columns import Columns
 from readme import commands, python_blocks
 from test_readme import run_block
 
+from runner import onnx_export as export
 from runner import trained
 from runner.results import checkpoints
-from runner.tasks import export
 
 TESTS = Path(__file__).resolve().parent
 README_SECTION = "Use what you trained"
@@ -84,6 +84,7 @@ def _frames(video: Path) -> tuple[np.ndarray, int]:
         reader.close()
 
 
+@pytest.mark.slow
 def test_evaluate_figures_agree_with_episodes_and_the_video_plays(
     readme_outputs: Path, cartpole: Path
 ):
@@ -119,6 +120,7 @@ def test_evaluate_figures_agree_with_episodes_and_the_video_plays(
     assert _frames(trained_video)[0].shape == (400, 600, 3)
 
 
+@pytest.mark.slow
 def test_training_records_an_episode_every_n_iterations(pendulum: Path):
     videos = sorted((pendulum / "videos").glob("*.mp4"))
     assert [v.name for v in videos] == ["iter_000002-episode-0.mp4"]
@@ -127,6 +129,7 @@ def test_training_records_an_episode_every_n_iterations(pendulum: Path):
     assert count >= 200  # one whole Pendulum episode: 200 steps (and the reset's frame)
 
 
+@pytest.mark.slow  # its module's trained run
 def test_evaluate_pendulum_sac(pendulum: Path, tmp_path: Path):
     result = run_cli(tmp_path, "task=evaluate", f"checkpoint={pendulum}", "task.episodes=2")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -146,6 +149,7 @@ def _torch_outputs(checkpoint: Path, obs: np.ndarray) -> dict[str, np.ndarray]:
     return {k: v.numpy() for k, v in out.items()}
 
 
+@pytest.mark.slow  # its module's trained run
 def test_export_cartpole_parity_and_the_readme_script(readme_outputs: Path, cartpole: Path):
     run_dir = readme_outputs / "cartpole_onnx"
     policy = json.loads((run_dir / "policy.json").read_text())
@@ -174,6 +178,7 @@ def test_export_cartpole_parity_and_the_readme_script(readme_outputs: Path, cart
         assert int(proc.stdout.strip()) == int(np.argmax(logits))
 
 
+@pytest.mark.slow  # its module's trained run
 def test_export_pendulum_sac_parity(pendulum: Path, tmp_path: Path):
     result = run_cli(tmp_path, "task=export", f"checkpoint={pendulum}", "task.batch_sizes=[1,16]")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -230,6 +235,7 @@ def exotic(tmp_path_factory) -> Path:
     )
 
 
+@pytest.mark.slow  # its module's trained run
 def test_bad_input_for_trained_policies(cartpole: Path, exotic: Path, tmp_path: Path):
     """One line each, exit 2, within seconds; nothing written beside the new run dir."""
     cases = {

@@ -40,20 +40,22 @@ from torch._dynamo.utils import counters
 
 from runner.compile.apply import compile_function
 from runner.compile.settings import (
-    INFERENCE_ONLY,
+    IDLE,
     MODES,
+    REFUSE,
     CompileSpec,
     available_backends,
     ipex_problem,
     module_device,
+    placement,
 )
 from runner.envs import make_env, random_rollout
 from runner.errors import ConfigError, did_you_mean, one_line
-from runner.preflight import cpu_model
+from runner.machine import cpu_model
 from runner.results.files import write_json
-from runner.schema import AutoConfig, RunnerConfig
+from runner.schema import COMPONENT_KINDS, AutoConfig, RunnerConfig
 
-KINDS = ("env_runners", "learners")
+KINDS = COMPONENT_KINDS
 METHODS = {"env_runners": "forward_exploration", "learners": "forward_train"}
 # A candidate must give eager's outputs within this, relative to their largest magnitude.
 AGREEMENT = 1e-5
@@ -100,14 +102,12 @@ def parse(preset: str) -> tuple[str, str | None]:
 
 
 def skip_reason(preset: str, kind: str, device: str) -> str | None:
-    """Why `preset` cannot run for this component kind on this device, or None."""
+    """Why `preset` cannot run for this component kind on this device, or adds nothing
+    there (compile/settings.py's PLACEMENT table); None when it is a candidate."""
     backend, mode = parse(preset)
-    if device == "cpu" and (backend == "cudagraphs" or mode == "reduce-overhead"):
-        return "CUDA graphs need a CUDA device"
-    if backend in INFERENCE_ONLY and kind == "learners":
-        return f"{backend} runs inference only (no backward for a Learner)"
-    if backend == "onnxrt" and device == "cuda":
-        return "onnxrt runs on onnxruntime's CPU provider only"
+    verdict = placement(backend, mode, kind, device)
+    if verdict is not None and verdict[0] in (REFUSE, IDLE):
+        return verdict[1]
     if backend == "ipex":
         return ipex_problem()
     return None
@@ -214,7 +214,7 @@ def module_and_batch(
     config: AlgorithmConfig, comp: Component
 ) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
     """The component's RLModule, as its actor builds it, and an input batch for it."""
-    env = make_env(config.env, dict(config.env_config), "env")
+    env = make_env(config)
     try:
         spec = config.get_rl_module_spec(env=env, inference_only=comp.kind == "env_runners")
         module = spec.build().to(comp.device)

@@ -91,7 +91,7 @@ def resolve(compile_cfg: CompileConfig) -> tuple[CompileSpec | None, list[str]]:
             f"unknown compile.mode '{mode}'{did_you_mean(mode, MODES)}; use one of: "
             f"{', '.join(MODES)}"
         )
-    if backend in INFERENCE_ONLY and compile_cfg.learners:
+    if compile_cfg.learners and backend in INFERENCE_ONLY:
         raise ConfigError(
             f"compile.backend={backend} runs inference only and cannot compile a Learner; "
             "set compile.learners=false"
@@ -144,23 +144,44 @@ def _run(names: list[str]) -> str:
     return f"the {' and '.join(names)} {'runs' if singular else 'run'}"
 
 
+# One table: what a backend (or a backend with a mode) does on a device beyond simply
+# running there. "refuse": it cannot; "idle": it runs as another preset would (what it
+# adds needs another device: compile=auto skips it); "warn": it runs, part of it unused.
+# A backend with no entry runs on both devices; (backend, None) holds for every mode.
+REFUSE, IDLE, WARN = "refuse", "idle", "warn"
+PLACEMENT: dict[tuple[str, str | None, str], tuple[str, str]] = {
+    ("onnxrt", None, "cuda"): (REFUSE, "onnxrt runs on onnxruntime's CPU provider only"),
+    ("cudagraphs", None, "cpu"): (IDLE, "CUDA graphs need a CUDA device"),
+    ("inductor", "reduce-overhead", "cpu"): (IDLE, "CUDA graphs need a CUDA device"),
+    ("inductor", "max-autotune", "cpu"): (WARN, "its CUDA graphs need a CUDA device"),
+}
+
+
+def placement(backend: str, mode: str | None, kind: str, device: str) -> tuple[str, str] | None:
+    """What the table says of `backend`/`mode` compiling a component kind's modules
+    ("env_runners" or "learners") on `device`; None where it simply runs."""
+    if backend in INFERENCE_ONLY and kind == "learners":
+        return REFUSE, f"{backend} runs inference only (no backward for a Learner)"
+    return PLACEMENT.get((backend, mode, device)) or PLACEMENT.get((backend, None, device))
+
+
 def check_placement(spec: CompileSpec | None, parts: dict[str, str], algo: str) -> list[str]:
-    """Compile settings against where the compiled modules sit (`parts`: name -> device):
-    onnxrt on a CUDA module is refused (ConfigError); CUDA graphs on CPU modules, and on
-    DQN's exploration, warn."""
+    """Compile settings against where the compiled modules sit (`parts`: name -> device),
+    by the PLACEMENT table: a refusal is a ConfigError; a preset whose CUDA graphs go
+    unused, and CUDA graphs on DQN's exploration, warn."""
     if spec is None:
         return []
-    on_cuda = [name for name, device in parts.items() if device == "cuda"]
-    on_cpu = [name for name, device in parts.items() if device == "cpu"]
-    backends = {
-        name: spec.for_learners().backend if name == "Learners" else spec.backend
-        for name in on_cuda
-    }
-    onnxrt = [name for name in on_cuda if backends[name] == "onnxrt"]
-    if onnxrt:
+    verdicts = {}
+    for name, device in parts.items():
+        own = spec.for_learners() if name == "Learners" else spec
+        kind = "learners" if name == "Learners" else "env_runners"
+        verdicts[name] = placement(own.backend, own.mode, kind, device)
+    refused = [name for name, v in verdicts.items() if v and v[0] == REFUSE]
+    if refused:
+        on = "on a GPU" if parts[refused[0]] == "cuda" else "here"
         raise ConfigError(
-            f"compile.backend=onnxrt runs on onnxruntime's CPU provider, but "
-            f"{_run(onnxrt)} on a GPU (every input and weight would be copied "
+            f"compile.backend={spec.backend} runs on onnxruntime's CPU provider, but "
+            f"{_run(refused)} {on} (every input and weight would be copied "
             "to the CPU on each call); keep onnxrt to CPU modules, or pick another backend, "
             "e.g. compile=inductor_default"
         )
@@ -175,14 +196,14 @@ def check_placement(spec: CompileSpec | None, parts: dict[str, str], algo: str) 
             "EnvRunners' exploration to eager code (their recompiles in summary.json show "
             "it); keep compile.dynamic=null"
         )
-    if not uses_cuda_graphs(spec):
-        return warnings
-    if on_cpu:
+    unused = [name for name, v in verdicts.items() if v and v[0] in (IDLE, WARN)]
+    if unused:
         warnings.append(
-            f"compile {spec.backend}/{spec.mode or 'default'}: {_run(on_cpu)} on the CPU, "
+            f"compile {spec.backend}/{spec.mode or 'default'}: {_run(unused)} on the CPU, "
             "where no CUDA graphs are used (torch skips them for CPU tensors)"
         )
-    if algo == "DQN" and "EnvRunners" in on_cuda:
+    on_cuda = [name for name, device in parts.items() if device == "cuda"]
+    if uses_cuda_graphs(spec) and algo == "DQN" and "EnvRunners" in on_cuda:
         warnings.append(
             f"compile {spec.backend}/{spec.mode or 'default'}: DQN's forward_exploration "
             "writes its epsilon into a CPU tensor's storage on every call (Tensor.data = ...), "

@@ -21,9 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import ray
-import torch
-from tensorboardX import SummaryWriter
 
 # Files that mark a run dir as holding results: never written into twice.
 RESULT_FILES = (
@@ -56,8 +53,8 @@ def json_safe(value: Any) -> Any:
         return json_safe(value.value)
     if isinstance(value, bool | str) or value is None:
         return value
-    if isinstance(value, np.ndarray | torch.Tensor):
-        return json_safe(value.tolist())
+    if isinstance(value, np.ndarray) or type(value).__module__.startswith("torch"):
+        return json_safe(value.tolist())  # a tensor: torch is not imported for this
     if isinstance(value, numbers.Integral):
         return int(value)
     if isinstance(value, numbers.Real):
@@ -137,6 +134,8 @@ class MetricsLog:
         self._fd = os.open(run_dir / "metrics.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
         for line in history:  # an interrupted sweep job's iterations up to its checkpoint
             self._append(line)
+        from tensorboardX import SummaryWriter  # here: its import costs every other job
+
         self._tb = SummaryWriter(logdir=str(run_dir / "tensorboard"), flush_secs=10)
 
     def _append(self, line: str) -> None:
@@ -164,6 +163,9 @@ class MetricsLog:
 
 
 def versions() -> dict[str, str]:
+    import ray
+    import torch
+
     return {
         "runner": metadata.version("rllib-runner"),
         "python": platform.python_version(),

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy import stats
 
 from runner import overrides as ov
 from runner.results import plots
@@ -48,6 +47,8 @@ COLUMNS = (
 
 def iqm(values: np.ndarray, axis: int = -1) -> np.ndarray:
     """Interquartile mean: the mean of the middle half (a plain mean below 4 values)."""
+    from scipy import stats  # here: scipy only when seeds are summarised
+
     return stats.trim_mean(values, 0.25, axis=axis)
 
 
@@ -65,6 +66,8 @@ def interval(
     point = float(statistic(data))
     if data.size < 2 or np.all(data == data[0]):
         return point, point, point
+    from scipy import stats
+
     result = stats.bootstrap(
         (data,),
         statistic,

@@ -20,11 +20,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hydra.core.hydra_config import HydraConfig
-from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from runner.errors import ConfigError, one_line
+from runner.job import Job
 from runner.results import plots
 from runner.schema import RunnerConfig
 
@@ -59,12 +58,11 @@ def artifact_root(uri: str | None, experiment: str) -> str | None:
     return (store / "mlflow-artifacts" / folder).resolve().as_uri()
 
 
-def experiment_name(settings: RunnerConfig, run_dir: Path) -> str:
+def experiment_name(settings: RunnerConfig, job: Job) -> str:
     """logger.experiment_name, else the sweep dir for a sweep's jobs, else `runner`."""
     if settings.logger.experiment_name:
         return settings.logger.experiment_name
-    hydra_cfg = HydraConfig.get()
-    return str(hydra_cfg.sweep.dir) if hydra_cfg.mode == RunMode.MULTIRUN else "runner"
+    return str(job.sweep_dir) if job.sweep_dir is not None else "runner"
 
 
 def flat_params(cfg: DictConfig) -> dict[str, str]:
@@ -159,21 +157,21 @@ class MlflowTracker:
     """One MLflow run, through MlflowClient (no process-wide active run: a sweep's jobs
     may run in one process)."""
 
-    def __init__(self, settings: RunnerConfig, cfg: DictConfig, run_dir: Path) -> None:
+    def __init__(self, settings: RunnerConfig, job: Job) -> None:
         from mlflow.entities import Param
 
-        name = experiment_name(settings, run_dir)
+        name = experiment_name(settings, job)
         self.client, experiment_id = mlflow_experiment(settings.logger.tracking_uri, name)
-        hydra_cfg = HydraConfig.get()
-        shown = [o for o in hydra_cfg.overrides.task if not o.startswith("logger")]
+        shown = [o for o in job.overrides if not o.startswith("logger")]
         run_name = (
-            f"job {hydra_cfg.job.num}: {' '.join(shown)}"
-            if hydra_cfg.mode == RunMode.MULTIRUN
-            else run_dir.name
+            f"job {job.number}: {' '.join(shown)}"
+            if job.sweep_dir is not None
+            else job.run_dir.name
         )
-        run = self.client.create_run(experiment_id, run_name=run_name, tags=tags(settings, run_dir))
+        tagged = tags(settings, job.run_dir)
+        run = self.client.create_run(experiment_id, run_name=run_name, tags=tagged)
         self.run_id = run.info.run_id
-        params = [Param(k, v) for k, v in flat_params(cfg).items()]
+        params = [Param(k, v) for k, v in flat_params(job.cfg).items()]
         for i in range(0, len(params), BATCH):
             self.client.log_batch(self.run_id, params=params[i : i + BATCH])
 
@@ -207,9 +205,8 @@ class MlflowTracker:
         self.client.set_terminated(self.run_id, status)
 
 
-def start(settings: RunnerConfig, cfg: DictConfig, run_dir: Path) -> NoTracker | MlflowTracker:
-    if settings.logger.name == "none":
-        return NoTracker()
+def start(settings: RunnerConfig, job: Job) -> NoTracker | MlflowTracker:
+    """The run's tracker (validate checked logger.name)."""
     if settings.logger.name == "mlflow":
-        return MlflowTracker(settings, cfg, run_dir)
-    raise ConfigError(f"unknown logger.name '{settings.logger.name}'; use none or mlflow")
+        return MlflowTracker(settings, job)
+    return NoTracker()

@@ -65,6 +65,7 @@ def read(tune_dir: Path, metric: str) -> list[dict[str, Any]]:
                 "env_steps": last.get("env_steps"),
                 "iterations": last.get("training_iteration"),
                 "seconds": last.get("time_total_s"),
+                "check": last.get("check") or "",
                 "stop_reason": last.get("stop_reason")
                 or ("stopped early by ASHA" if status == EARLY else ""),
                 "error": _error(t) if status == ERROR else "",
@@ -93,7 +94,7 @@ def write(
     """trials.csv and the plots; returns the search's summary."""
     keys = list(space)
     columns = ["trial", "trial_id", "status", *keys, "objective", "best_objective"]
-    columns += ["env_steps", "iterations", "seconds", "stop_reason", "error"]
+    columns += ["env_steps", "iterations", "seconds", "check", "stop_reason", "error"]
     write_csv(run_dir / "trials.csv", rows, columns)
     _plot(run_dir, rows, space)
     best = best_row(rows)

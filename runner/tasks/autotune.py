@@ -10,19 +10,18 @@ autotune.csv and autotune.png, and prints a table.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from rich import box
-from rich.table import Table
-
-from runner.compile import auto
-from runner.compile.settings import CompileSpec
 from runner.console import console
 from runner.errors import ConfigError
 from runner.results import plots
 from runner.results.files import write_csv, write_json
-from runner.schema import RunnerConfig, TaskSettings
+from runner.schema import COMPONENT_KINDS, RunnerConfig, TaskSettings
 from runner.tasks.base import Task, TaskRun
+
+if TYPE_CHECKING:  # light at import: the task's heavy modules load when it runs
+    from runner.compile.settings import CompileSpec
+
 
 COLUMNS = (
     "component",
@@ -43,10 +42,14 @@ class AutotuneSettings(TaskSettings):
     """The component kinds to measure: env_runners (forward_exploration), learners
     (forward_train and its backward)."""
 
-    components: list[str] = field(default_factory=lambda: list(auto.KINDS))
+    name: ClassVar[str] = "autotune"
+
+    components: list[str] = field(default_factory=lambda: list(COMPONENT_KINDS))
 
 
 def check(settings: RunnerConfig, spec: CompileSpec | None) -> list[str]:
+    from runner.compile import auto
+
     task: AutotuneSettings = settings.task  # type: ignore[assignment]
     unknown = sorted(set(task.components) - set(auto.KINDS))
     if unknown or not task.components:
@@ -59,6 +62,8 @@ def check(settings: RunnerConfig, spec: CompileSpec | None) -> list[str]:
 
 def rows(section: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per component kind and candidate, eager first."""
+    from runner.compile import auto
+
     out = []
     for kind in auto.KINDS:
         if kind not in section:
@@ -85,6 +90,11 @@ def _cell(value: Any, kind: str) -> str:
 
 
 def print_table(section: dict[str, Any]) -> None:
+    from rich import box
+    from rich.table import Table
+
+    from runner.compile import auto
+
     for kind in auto.KINDS:
         if kind not in section:
             continue
@@ -123,6 +133,8 @@ def print_table(section: dict[str, Any]) -> None:
 
 def run(run: TaskRun) -> None:
     """Measure, then write autotune.json, autotune.csv and autotune.png."""
+    from runner.compile import auto
+
     settings = run.settings
     task: AutotuneSettings = settings.task  # type: ignore[assignment]
     section = auto.choose(settings, run.config, list(task.components), refresh=True)
@@ -144,7 +156,6 @@ def run(run: TaskRun) -> None:
 
 
 TASK = Task(
-    name="autotune",
     settings=AutotuneSettings,
     run=run,
     check=check,

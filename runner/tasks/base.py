@@ -9,14 +9,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
-
-from runner.compile.settings import CompileSpec
-from runner.plan import Plan
-from runner.results.tracking import MlflowTracker, NoTracker
+from runner.results.tracking import NoTracker
 from runner.schema import RunnerConfig, TaskSettings
+
+if TYPE_CHECKING:  # light at import: a typo at composition needs none of these
+    from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+
+    from runner.compile.settings import CompileSpec
+    from runner.plan import Plan
 
 
 @dataclass
@@ -26,7 +28,7 @@ class TaskRun:
     settings: RunnerConfig
     config: AlgorithmConfig
     spec: CompileSpec | None
-    run_dir: Path
+    run_dir: Path | None  # None: keep nothing on disk (the exploration bench's copies)
     provenance: dict[str, Any]
     start_time: float
     checkpoint: Path | None = None
@@ -35,7 +37,9 @@ class TaskRun:
     # metrics.jsonl lines to start from: an interrupted sweep job's, up to its checkpoint.
     history: list[str] = field(default_factory=list)
     # logger=: where each iteration's figures go besides the run dir.
-    tracker: NoTracker | MlflowTracker = field(default_factory=NoTracker)
+    tracker: Any = field(default_factory=NoTracker)
+    # The job's group choices (experiment, scale, ...), as Hydra composed them.
+    choices: dict[str, Any] = field(default_factory=dict)
 
 
 def no_warnings(settings: RunnerConfig, spec: CompileSpec | None) -> list[str]:
@@ -58,7 +62,6 @@ class Task:
     training run into what the task starts; `run` does the work and writes its files into
     the run dir."""
 
-    name: str
     settings: type[TaskSettings]
     run: Callable[[TaskRun], None]
     check: Callable[[RunnerConfig, CompileSpec | None], list[str]] = no_warnings
@@ -68,6 +71,8 @@ class Task:
     needs_ray: bool = True
     # True for a task that takes compile=auto's per-component choice (training).
     compile_auto: bool = False
+    # True for a task that trains (its compiled parts are checked where they will run).
+    trains: bool = False
     # False for a task that compiles nothing itself (the compile group is not read).
     uses_compile: bool = True
     # True for a task that reads a trained checkpoint (task.checkpoint, spelled
@@ -78,3 +83,7 @@ class Task:
     resumes: str = "checkpoint"
     # False for a task that tracks its own runs (a search: one MLflow run per trial).
     tracked: bool = True
+
+    @property
+    def name(self) -> str:
+        return self.settings.name

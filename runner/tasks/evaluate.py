@@ -20,22 +20,20 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import numpy as np
-import ray
-from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
-from ray.rllib.env.env_runner import EnvRunner
-
-from runner import trained, video
-from runner.compile.settings import CompileSpec
 from runner.console import console, progress
 from runner.errors import ConfigError
 from runner.results.files import versions, write_csv, write_json
-from runner.resume import find_checkpoint
 from runner.schema import RunnerConfig, TaskSettings
 from runner.tasks.base import Task, TaskRun
-from runner.user_code import beside
+
+if TYPE_CHECKING:  # light at import: the task's heavy modules load when it runs
+    from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+    from ray.rllib.env.env_runner import EnvRunner
+
+    from runner.compile.settings import CompileSpec
+
 
 EPISODE_COLUMNS = ("episode", "env_runner", "episode_return", "episode_len")
 _LOG = "_runner_episodes"  # where each EnvRunner keeps its episodes' rows
@@ -46,6 +44,8 @@ _COUNTER, _COUNTER_HANDLE = "runner_evaluation_episodes", "_runner_episode_count
 class EvaluateSettings(TaskSettings):
     """Whole episodes with the trained policy; what they returned and, if asked, a video."""
 
+    name: ClassVar[str] = "evaluate"
+
     checkpoint: str | None = None  # a run dir or checkpoint dir (`checkpoint=` for short)
     episodes: int = 20
     explore: bool = False  # sample from the action distribution instead of its mode
@@ -54,7 +54,7 @@ class EvaluateSettings(TaskSettings):
 
 
 def check(settings: RunnerConfig, spec: CompileSpec | None) -> list[str]:
-    """Bad settings, an env that cannot draw a video: one line before anything is built."""
+    """Bad settings: one line before anything is built."""
     task: EvaluateSettings = settings.task  # type: ignore[assignment]
     if not task.checkpoint:
         raise ConfigError(
@@ -66,15 +66,21 @@ def check(settings: RunnerConfig, spec: CompileSpec | None) -> list[str]:
             f"task.episodes={task.episodes} and task.video_episodes={task.video_episodes} "
             "must be at least 1"
         )
-    if task.video:
-        video.check_renders(settings.env)
     return []
 
 
 def configure(config: AlgorithmConfig, settings: RunnerConfig) -> None:
     """Evaluation EnvRunners sized by the scaling group, no training ones, a local Learner
     (only its restored weights are used); the checkpoint's policy checked against the env."""
+    from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+
+    from runner import trained, video
+    from runner.resume import find_checkpoint
+    from runner.user_code import beside
+
     task: EvaluateSettings = settings.task  # type: ignore[assignment]
+    if task.video:
+        video.check_renders(config)
     checkpoint, _ = find_checkpoint(task.checkpoint, "checkpoint")
     trained.check_fits(trained.load_modules(checkpoint), config, settings.env)
     config.env_runners(num_env_runners=0)
@@ -92,10 +98,10 @@ def configure(config: AlgorithmConfig, settings: RunnerConfig) -> None:
     config.callbacks(on_episode_end=beside(config.callbacks_on_episode_end, log_episode))
 
 
-@ray.remote(num_cpus=0)
 class EpisodeCounter:
     """Finished evaluation episodes, counted as they end in whichever EnvRunner, for the
-    driver's progress bar (RLlib returns only when all have ended)."""
+    driver's progress bar (RLlib returns only when all have ended): a Ray actor, made
+    with ray.remote where it starts (Ray is not imported with the task)."""
 
     def __init__(self) -> None:
         self.episodes = 0
@@ -110,6 +116,8 @@ class EpisodeCounter:
 def log_episode(*, episode: Any, env_runner: EnvRunner, **_: Any) -> None:
     """An on_episode_end callback: the finished episode's return and length, kept in the
     EnvRunner that ran it until the task collects them; the counter told."""
+    import ray
+
     if _COUNTER_HANDLE not in env_runner.__dict__:
         try:
             env_runner.__dict__[_COUNTER_HANDLE] = ray.get_actor(_COUNTER)
@@ -138,6 +146,8 @@ def _collect(algo: Any) -> list[dict[str, Any]]:
 
 def figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """eval.json's figures, from episodes.csv's rows (std over episodes, ddof=0)."""
+    import numpy as np
+
     returns = np.array([r["episode_return"] for r in rows], dtype=float)
     lengths = np.array([r["episode_len"] for r in rows], dtype=float)
     return {
@@ -154,7 +164,9 @@ def figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def episode_progress(episodes: int) -> Iterator[None]:
     """A progress bar over the evaluation episodes while the body runs: a thread polls the
     counter the EnvRunners' callbacks feed."""
-    counter = EpisodeCounter.options(name=_COUNTER).remote()
+    import ray
+
+    counter = ray.remote(num_cpus=0)(EpisodeCounter).options(name=_COUNTER).remote()
     stop = threading.Event()
     with progress("evaluation episodes", episodes) as done:
 
@@ -174,6 +186,8 @@ def episode_progress(episodes: int) -> Iterator[None]:
 
 
 def run(run: TaskRun) -> None:
+    from runner import video
+
     settings, run_dir = run.settings, run.run_dir
     task: EvaluateSettings = settings.task  # type: ignore[assignment]
     assert run.checkpoint is not None  # app.run resolves checkpoint= before the task runs
@@ -229,7 +243,6 @@ def run(run: TaskRun) -> None:
 
 
 TASK = Task(
-    name="evaluate",
     settings=EvaluateSettings,
     run=run,
     check=check,

@@ -14,20 +14,21 @@ are kept in the rows but not counted.
 from __future__ import annotations
 
 import dataclasses
-import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from runner.compile import report as compile_report
-from runner.compile.settings import CompileSpec, check_placement, compiled_parts
-from runner.compose import build_algorithm_config
 from runner.console import console
-from runner.errors import ConfigError
-from runner.plan import Plan
+from runner.errors import ConfigError, RunnerError
 from runner.results import plots
-from runner.results.files import headline, write_csv, write_json
-from runner.schema import RunnerConfig, TaskSettings
+from runner.results.files import write_csv, write_json
+from runner.schema import RecordConfig, RunnerConfig, StopConfig, TaskSettings
+from runner.shutdown import Interrupted
 from runner.tasks.base import Task, TaskRun
+
+if TYPE_CHECKING:  # light at import: the task's heavy modules load when it runs
+    from runner.compile.settings import CompileSpec
+    from runner.plan import Plan
+
 
 NEEDS_ENV_RUNNER_COMPILE = (
     "task=exploration_bench compares compiled with eager EnvRunners: pick a compile preset "
@@ -39,6 +40,8 @@ COPIES = ("compiled", "eager")
 @dataclass
 class ExplorationBenchSettings(TaskSettings):
     """Training iterations per copy: untimed warm-up first, then timed."""
+
+    name: ClassVar[str] = "exploration_bench"
 
     warmup_iterations: int = 1
     timed_iterations: int = 3
@@ -54,7 +57,7 @@ def check(settings: RunnerConfig, spec: CompileSpec | None) -> list[str]:
             "task.timed_iterations must be >= 1 and task.warmup_iterations >= 0, got "
             f"{task.timed_iterations} and {task.warmup_iterations}"
         )
-    return check_placement(spec, compiled_parts(spec, settings.scaling), settings.algo.name)
+    return []
 
 
 def both_copies(plan: Plan, settings: RunnerConfig) -> Plan:
@@ -69,16 +72,20 @@ def eager_twin(settings: RunnerConfig) -> RunnerConfig:
 
 
 def _run_rounds(
-    algos: dict[str, Any], warmup: int, timed: int, start_time: float
+    trainings: dict[str, Any], watch: Any, warmup: int, timed: int
 ) -> list[dict[str, Any]]:
+    """Alternate one iteration of each copy through the one training loop, the copy that
+    goes first swapping every round; each row timed by the loop around Algorithm.train()."""
     rows = []
     for i in range(warmup + timed):
         order = COPIES if i % 2 == 0 else COPIES[::-1]
         for name in order:
-            start = time.perf_counter()
-            result = algos[name].train()
-            seconds = time.perf_counter() - start
-            head = headline(result, time.perf_counter() - start_time)
+            training = trainings[name]
+            if watch.signum is not None:
+                raise Interrupted(watch.signum, "the benchmark was interrupted: nothing kept")
+            if training.step(watch) and training.progress.status == "non_finite":
+                raise RunnerError(f"the {name} copy: {training.progress.reason}")
+            head, seconds = training.progress.rows[-1], training.iteration_seconds
             steps = head["env_steps_this_iter"] or 0
             row = {
                 "iteration": head["iteration"],
@@ -88,11 +95,7 @@ def _run_rounds(
                 "seconds": seconds,
                 "env_steps_per_s": steps / seconds,
                 "episode_return_mean": head["episode_return_mean"],
-                "compile_max_abs_diff": (
-                    compile_report.max_diff(compile_report.env_runner_reports(algos[name], True))
-                    if name == "compiled"
-                    else None
-                ),
+                "compile_max_abs_diff": head.get("compile_max_abs_diff"),
             }
             rows.append(row)
             console.print(
@@ -118,17 +121,41 @@ def figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def run(run: TaskRun) -> None:
     """Run both copies, then write bench.json, bench.csv and bench.png."""
+    from runner.algorithm_config import build_algorithm_config
+    from runner.compile import report as compile_report
+
     settings, config, spec = run.settings, run.config, run.spec
     assert spec is not None  # check() refused compile off
     task: ExplorationBenchSettings = settings.task  # type: ignore[assignment]
-    eager_config = build_algorithm_config(eager_twin(settings), None)
-    algos = {"compiled": config.build_algo(), "eager": eager_config.build_algo()}
-    try:
-        rows = _run_rounds(algos, task.warmup_iterations, task.timed_iterations, run.start_time)
-        reports = compile_report.collect(algos["compiled"], verify=True)
-    finally:
-        for algo in algos.values():
-            algo.stop()
+    from runner import loop
+
+    # Both copies keep nothing on disk (the bench's files are its own) and run every
+    # iteration the rounds ask for: stop.*, check.* and periodic checkpoints do not apply.
+    rounds = dataclasses.replace(
+        settings,
+        stop=StopConfig(),
+        check=dataclasses.replace(settings.check, enabled=False),
+        checkpoint=dataclasses.replace(settings.checkpoint, every=0, at_end=False),
+        record=RecordConfig(),
+    )
+    twin = eager_twin(rounds)
+    copies = {
+        "compiled": TaskRun(rounds, config, spec, None, {}, run.start_time),
+        "eager": TaskRun(twin, build_algorithm_config(twin, None), None, None, {}, run.start_time),
+    }
+    trainings = {name: loop.Training(copy, quiet=True) for name, copy in copies.items()}
+    watch = loop.watch_for(trainings["compiled"])
+    with watch:
+        try:
+            for training in trainings.values():
+                with watch.build():
+                    training.build()
+            rows = _run_rounds(trainings, watch, task.warmup_iterations, task.timed_iterations)
+            reports = compile_report.collect(trainings["compiled"].algo, verify=True)
+        finally:
+            for training in trainings.values():
+                if training.algo is not None:
+                    training.algo.stop()
     compile_section, compile_line = compile_report.summarize(spec, reports)
     console.print(compile_line)
     result = {
@@ -163,9 +190,9 @@ def run(run: TaskRun) -> None:
 
 
 TASK = Task(
-    name="exploration_bench",
     settings=ExplorationBenchSettings,
     run=run,
     check=check,
     scale_plan=both_copies,
+    trains=True,
 )

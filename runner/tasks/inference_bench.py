@@ -20,23 +20,22 @@ import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import torch
-import torch._dynamo
-from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
-from ray.rllib.core.columns import Columns
-
-from runner.compile.apply import compile_function, counts
-from runner.compile.settings import CompileSpec, check_placement
 from runner.console import console, progress
-from runner.envs import make_env
 from runner.errors import ConfigError
-from runner.plan import Group, Plan
 from runner.results import plots
 from runner.results.files import write_csv, write_json
 from runner.schema import Accelerator, RunnerConfig, TaskSettings
 from runner.tasks.base import Task, TaskRun
+
+if TYPE_CHECKING:  # light at import: the task's heavy modules load when it runs
+    import torch._dynamo
+    from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+
+    from runner.compile.settings import CompileSpec
+    from runner.plan import Plan
+
 
 NEEDS_COMPILE = (
     "task=inference_bench compares an eager with a compiled module: pick a compile preset, "
@@ -48,6 +47,8 @@ NEEDS_COMPILE = (
 class InferenceBenchSettings(TaskSettings):
     """Timed forward_exploration calls per module and batch size."""
 
+    name: ClassVar[str] = "inference_bench"
+
     batch_sizes: list[int] = field(default_factory=lambda: [1, 4, 16])
     iterations: int = 300
     burn_in: int = 30
@@ -56,6 +57,8 @@ class InferenceBenchSettings(TaskSettings):
 
 def check(settings: RunnerConfig, spec: CompileSpec | None) -> list[str]:
     """Bad bench settings fail before anything is built; CUDA graphs on a CPU module warn."""
+    from runner.compile.settings import check_placement
+
     task: InferenceBenchSettings = settings.task  # type: ignore[assignment]
     if spec is None:
         raise ConfigError(NEEDS_COMPILE)
@@ -85,6 +88,8 @@ def bench_device(settings: RunnerConfig) -> str:
 
 def driver_only(plan: Plan, settings: RunnerConfig) -> Plan:
     """The bench starts no actor: the module runs here, on the GPU for a GPU profile."""
+    from runner.plan import Group, Plan
+
     gpus = 1.0 if bench_device(settings) == "cuda" else 0.0
     note = f"the driver: the benchmarked module, on {bench_device(settings)}"
     return Plan(groups=[Group("main", 1, 1.0, gpus, note)], strategy=plan.strategy)
@@ -92,7 +97,11 @@ def driver_only(plan: Plan, settings: RunnerConfig) -> Plan:
 
 def build_module(config: AlgorithmConfig) -> tuple[torch.nn.Module, torch.Tensor]:
     """The EnvRunner's RLModule for this config, and one real observation of its env."""
-    env = make_env(config.env, dict(config.env_config), "env")
+    import torch._dynamo
+
+    from runner.envs import make_env
+
+    env = make_env(config)
     try:
         obs, _ = env.reset(seed=config.seed)
         module = config.get_rl_module_spec(env=env, inference_only=True).build().eval()
@@ -102,6 +111,8 @@ def build_module(config: AlgorithmConfig) -> tuple[torch.nn.Module, torch.Tensor
 
 
 def _timed(module: torch.nn.Module, batch: dict, cuda: bool) -> float:
+    import torch._dynamo
+
     start = time.perf_counter()
     module.forward_exploration(batch)
     if cuda:
@@ -149,6 +160,10 @@ COMPILE_COUNTS = ("frames", "unique_graphs", "cudagraph_skips", "cudagraph_recor
 
 def _compiled_copy(module: torch.nn.Module, spec: CompileSpec) -> torch.nn.Module:
     """A copy of `module` whose forward_exploration compiles afresh, with static shapes."""
+    import torch._dynamo
+
+    from runner.compile.apply import compile_function
+
     torch._dynamo.reset()  # dynamo caches per code object: the copies share theirs
     twin = copy.deepcopy(module)
     twin._forward_exploration = compile_function(
@@ -158,6 +173,11 @@ def _compiled_copy(module: torch.nn.Module, spec: CompileSpec) -> torch.nn.Modul
 
 
 def _measure(module, obs, spec, batch_sizes, iterations, burn_in) -> list[dict[str, Any]]:
+    import torch._dynamo
+    from ray.rllib.core.columns import Columns
+
+    from runner.compile.apply import counts
+
     device = next(module.parameters()).device
     cuda = device.type == "cuda"
     rows = []
@@ -203,6 +223,8 @@ def _measure(module, obs, spec, batch_sizes, iterations, burn_in) -> list[dict[s
 
 def run(run: TaskRun) -> None:
     """Measure, then write bench.json, bench.csv and bench.png."""
+    import torch._dynamo
+
     settings, spec = run.settings, run.spec
     assert spec is not None  # check() refused compile off
     task: InferenceBenchSettings = settings.task  # type: ignore[assignment]
@@ -251,7 +273,6 @@ def run(run: TaskRun) -> None:
 
 
 TASK = Task(
-    name="inference_bench",
     settings=InferenceBenchSettings,
     run=run,
     check=check,

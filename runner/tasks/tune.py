@@ -14,35 +14,30 @@ search, continued with resume=<run dir>, is reported whole.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
-from ray import tune
-from ray.tune.schedulers import ASHAScheduler
-from ray.tune.search import BasicVariantGenerator
 
-from runner import guard, search
-from runner.compile.settings import CompileSpec, check_placement, compiled_parts, resolve
-from runner.compose import build_algorithm_config
 from runner.console import console
 from runner.errors import ConfigError, RunnerError
-from runner.plan import Plan
-from runner.ray_session import import_py_modules_here
-from runner.results import tracking, trials
-from runner.results.files import headline, write_json
-from runner.resume import SEARCH_DIR
-from runner.schema import NonFinite, RunnerConfig, TaskSettings
+from runner.results.files import write_json
+from runner.schema import RunnerConfig, TaskSettings
 from runner.shutdown import HANDLED, Interrupted, in_main_thread, install_default
 from runner.tasks.base import Task, TaskRun
-from runner.tasks.train import carry_last_return, stop_reason
+
+if TYPE_CHECKING:  # light at import: the task's heavy modules load when it runs
+    from ray import tune
+
+    from runner.compile.settings import CompileSpec
+    from runner.plan import Plan
+
 
 METRIC, MODE = "episode_return_mean", "max"
 SEARCHERS = ("optuna", "random")
@@ -50,6 +45,7 @@ SEARCHERS = ("optuna", "random")
 
 @dataclass
 class TuneSettings(TaskSettings):
+    name: ClassVar[str] = "tune"
     num_samples: int = 16
     max_concurrent: int = 2
     searcher: str = "optuna"
@@ -71,6 +67,9 @@ def budget(settings: RunnerConfig) -> tuple[str, int]:
 
 def check(settings: RunnerConfig, spec: CompileSpec | None) -> list[str]:
     """The search's own settings, then every searched value through RLlib's builders."""
+    from runner import search
+    from runner.algorithm_config import build_algorithm_config
+
     task: TuneSettings = settings.task  # type: ignore[assignment]
     if not settings.search.space:
         raise ConfigError(
@@ -93,7 +92,7 @@ def check(settings: RunnerConfig, spec: CompileSpec | None) -> list[str]:
     search.check(settings.search.space, settings)
     for values in search.sample_each(settings.search.space):
         build_algorithm_config(search.with_values(settings, values), spec)
-    return check_placement(spec, compiled_parts(spec, settings.scaling), settings.algo.name)
+    return []
 
 
 # What Ray Tune's restore keeps from the search's start (its TuneConfig) or what the
@@ -124,50 +123,79 @@ def scale_plan(plan: Plan, settings: RunnerConfig) -> Plan:
 
 
 def trial(values: dict[str, Any], settings: RunnerConfig) -> None:
-    """One trial, inside its Tune actor: train the composed config with `values` until
-    a stop criterion, reporting each iteration; a checkpoint every checkpoint.every
-    iterations and at the end, so an interrupted search continues the trial."""
+    """One trial, inside its Tune actor: the one training loop (runner/loop.py) over the
+    composed config with `values`, its files in the trial's dir (metrics.jsonl in the
+    run's format, checkpoints), `check.*`, the guard and the watchdog as in a run; each
+    iteration reported to Tune, with a checkpoint every checkpoint.every iterations and
+    at the end, so an interrupted search continues the trial."""
+    from ray import tune
+
+    from runner import loop, search
+    from runner.algorithm_config import build_algorithm_config
+    from runner.compile.settings import resolve
+    from runner.ray_session import import_py_modules_here
+
     settings = search.with_values(settings, values)
     import_py_modules_here(settings.ray.runtime_env)
     spec, _ = resolve(settings.compile)
-    algo = build_algorithm_config(settings, spec).build_algo()
+    config = build_algorithm_config(settings, spec)
+    trial_dir = Path(tune.get_context().get_trial_dir())
     checkpoint = tune.get_checkpoint()
-    if checkpoint is not None:
-        with checkpoint.as_directory() as path:
-            algo.restore_from_path(path)
-    start, previous = time.perf_counter(), None
-    try:
-        while True:
-            result = algo.train()
-            row = headline(result, time.perf_counter() - start)
-            carry_last_return(row, previous)
-            previous = row
-            reason = stop_reason(settings.stop, row, time.perf_counter() - start) or ""
-            found = guard.non_finite(result)
-            if found and settings.guard.non_finite == NonFinite.stop:
-                reason = guard.describe(found, row["iteration"])
-            report = {
-                "env_steps": row["env_steps"] or 0,
-                "return_age": row["return_age"],
-                "env_steps_per_s": row["env_steps_per_s"],
-                "stop_reason": reason,
-            }
-            if row["last_episode_return_mean"] is not None:  # ASHA skips a result without it
-                report[METRIC] = row["last_episode_return_mean"]
-            every = settings.checkpoint.every
-            if (reason and not found) or (every and algo.iteration % every == 0):
-                with tempfile.TemporaryDirectory() as path:
-                    algo.save_to_path(path)
-                    tune.report(report, checkpoint=tune.Checkpoint.from_directory(path))
-            else:
-                tune.report(report)
-            if reason:
-                return
-    finally:
-        algo.stop()
+    with contextlib.ExitStack() as stack:
+        restore = None if checkpoint is None else stack.enter_context(checkpoint.as_directory())
+        run = TaskRun(
+            settings=settings,
+            config=config,
+            spec=spec,
+            run_dir=trial_dir,
+            provenance={},
+            start_time=time.perf_counter(),
+            checkpoint=Path(restore) if restore else None,
+        )
+        figures = loop.train(run, on_iteration=report_to_tune)
+    error = figures["progress"].error
+    if error is not None:
+        raise error
+
+
+def check_verdict(training: Any, reason: str) -> str:
+    """The trial's pass criterion so far: passed, failed (ended without it), pending, or
+    '' without a check."""
+    check = training.progress.check
+    if not check.active:
+        return ""
+    if check.passed:
+        return "passed"
+    return "failed" if reason else "pending"
+
+
+def report_to_tune(training: Any, result: dict, reason: str) -> None:
+    """One iteration to Tune: the objective (the last known return mean), the budget's
+    clock, the stop reason and the check's verdict; a checkpoint when the loop saved one,
+    or when the trial ends cleanly (so a resumed search has it whole)."""
+    from ray import tune
+
+    row = training.progress.rows[-1]
+    if reason and training.progress.status == "finished" and training.saved is None:
+        training.save_checkpoint()
+    report = {
+        "env_steps": row["env_steps"] or 0,
+        "return_age": row["return_age"],
+        "env_steps_per_s": row["env_steps_per_s"],
+        "stop_reason": reason,
+        "check": check_verdict(training, reason),
+    }
+    if row["last_episode_return_mean"] is not None:  # ASHA skips a result without it
+        report[METRIC] = row["last_episode_return_mean"]
+    if training.saved is not None:
+        tune.report(report, checkpoint=tune.Checkpoint.from_directory(str(training.saved)))
+    else:
+        tune.report(report)
 
 
 def _searcher(run: TaskRun, preset: dict[str, Any] | None) -> Any:
+    from ray.tune.search import BasicVariantGenerator
+
     task: TuneSettings = run.settings.task  # type: ignore[assignment]
     first = [preset] if preset else None
     if task.searcher == "random":
@@ -183,6 +211,8 @@ def _searcher(run: TaskRun, preset: dict[str, Any] | None) -> Any:
 def mlflow_experiment(run: TaskRun) -> str | None:
     """logger=mlflow: the search's MLflow experiment (logger.experiment_name, else the run
     dir where the search began), made with its artifact root; None without MLflow."""
+    from runner.results import tracking
+
     settings = run.settings
     if settings.logger.name != "mlflow":
         return None
@@ -194,6 +224,8 @@ def mlflow_experiment(run: TaskRun) -> str | None:
 
 def _callbacks(run: TaskRun, experiment: str | None) -> list[Any]:
     """One MLflow run per trial, through Ray Tune's own callback."""
+    from runner.results import tracking
+
     if experiment is None:
         return []
     from ray.air.integrations.mlflow import MLflowLoggerCallback
@@ -211,6 +243,12 @@ def _callbacks(run: TaskRun, experiment: str | None) -> list[Any]:
 def make_tuner(run: TaskRun, experiment: str | None) -> tune.Tuner:
     """A new search, or the interrupted one restored from a copy of its Tune experiment
     (the earlier run dir stays as it was)."""
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler
+
+    from runner import search
+    from runner.resume import SEARCH_DIR
+
     settings, tune_dir = run.settings, run.run_dir / SEARCH_DIR
     trainable = tune.with_resources(
         tune.with_parameters(trial, settings=settings),
@@ -272,7 +310,7 @@ def fit(tuner: tune.Tuner) -> int | None:
     for s in HANDLED:
         if s != signal.SIGINT and in_main_thread():
             signal.signal(s, to_sigint)
-    os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")  # see trial()
+    os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")  # see report_to_tune()
     try:
         tuner.fit()
     finally:
@@ -289,6 +327,10 @@ class TrialsFailed(RunnerError):
 def run(run: TaskRun) -> None:
     """The search, then its results from Tune's experiment; the exit a signal (130 for
     Ctrl-C, with the search resumable) or a failed trial (1) calls for."""
+    from runner import search
+    from runner.results import tracking, trials
+    from runner.resume import SEARCH_DIR
+
     settings, run_dir = run.settings, run.run_dir
     task: TuneSettings = settings.task  # type: ignore[assignment]
     start = time.perf_counter()
@@ -304,9 +346,7 @@ def run(run: TaskRun) -> None:
     summary = trials.write(run_dir, rows, settings.search.space, METRIC, preset)
     best = summary["best"]
     if best:
-        trials.write_experiment(
-            run_dir, HydraConfig.get().runtime.choices, settings, best["values"], summary
-        )
+        trials.write_experiment(run_dir, run.choices, settings, best["values"], summary)
     done = summary["trials_by_status"]
     unfinished = task.num_samples - sum(
         n for status, n in done.items() if status != trials.NOT_FINISHED
@@ -337,11 +377,11 @@ def run(run: TaskRun) -> None:
 
 
 TASK = Task(
-    name="tune",
     settings=TuneSettings,
     run=run,
     check=check,
     scale_plan=scale_plan,
     resumes="search",
     tracked=False,
+    trains=True,
 )

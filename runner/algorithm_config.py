@@ -38,8 +38,6 @@ ALGO_SECTIONS = (
     "callbacks",
     "multi_agent",
 )
-# Scaling keys that must be whole numbers >= this bound (RLlib itself does not check).
-_COUNT_MINIMUM = {"num_env_runners": 0, "num_envs_per_env_runner": 1, "num_learners": 0}
 
 
 @cache
@@ -119,16 +117,6 @@ def learner_scaling(s: ScalingConfig) -> dict[str, Any]:
     }
 
 
-def check_scaling(s: ScalingConfig) -> None:
-    """Counts are whole and in range, resources non-negative."""
-    for key, value in {**env_runner_scaling(s), **learner_scaling(s)}.items():
-        if isinstance(value, str):
-            continue
-        minimum = _COUNT_MINIMUM.get(key, 0)
-        if value < minimum:
-            raise ConfigError(f"scaling.{key} must be >= {minimum}, got {value}")
-
-
 def check_policies(config: AlgorithmConfig) -> None:
     """A policy id the mapping table, the policies to train or the module specs name must be
     one of algo.multi_agent.policies."""
@@ -156,7 +144,6 @@ def check_policies(config: AlgorithmConfig) -> None:
 def build_algorithm_config(settings: RunnerConfig, spec: CompileSpec | None) -> AlgorithmConfig:
     """The AlgorithmConfig the typed settings describe, compiling per `spec`. Starts nothing."""
     algo, scaling, env = settings.algo, settings.scaling, settings.env
-    check_scaling(scaling)
     config = default_config_for(algo.name)
     call_builder(config, "environment", "env", environment_kwargs(env))
     fixed = {"env_runners": env_runner_scaling(scaling), "learners": learner_scaling(scaling)}

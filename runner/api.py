@@ -1,0 +1,144 @@
+"""The runner from Python, and what both entry points share.
+
+`compose(overrides)` gives the typed settings `python -m runner <overrides>` would run;
+`run(overrides)` runs that job and returns its summary. Both use Hydra's compose API;
+the CLI (runner/__main__.py) is a thin shell over the same `app.run`. Here too: the
+config schemas registered with Hydra, and run dirs that no two runs share.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from hydra import initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import OmegaConf
+
+from runner import CONFIG_DIR
+from runner.schema import RunnerConfig
+
+RESOLVER = "unique_dir"
+_made: dict[str, str] = {}  # the dir each base got, in this process
+
+
+def unique_dir(base: str) -> str:
+    """A new dir at `base`, or `base-2`, `base-3`, ... when another run took it: made
+    with one atomic mkdir, so runs started in the same second never share one. The same
+    base asked again in this process gets the same dir (Hydra resolves it more than once)."""
+    if base not in _made:
+        Path(base).parent.mkdir(parents=True, exist_ok=True)
+        for n in range(1, 10_000):
+            candidate = base if n == 1 else f"{base}-{n}"
+            try:
+                os.mkdir(candidate)
+            except FileExistsError:
+                continue
+            _made[base] = candidate
+            break
+    return _made[base]
+
+
+def register_configs() -> None:
+    """The root schema (conf/config.yaml lists it first), every task's settings schema as
+    `schema/task/<name>` (each conf/task/ file lists its own), and the run dir resolver."""
+    from runner.tasks import TASKS
+
+    store = ConfigStore.instance()
+    store.store(name="runner_schema", node=RunnerConfig)
+    for task in TASKS.values():
+        store.store(group="schema/task", name=task.name, node=task.settings)
+    if not OmegaConf.has_resolver(RESOLVER):
+        OmegaConf.register_new_resolver(RESOLVER, unique_dir, use_cache=True)
+
+
+@contextlib.contextmanager
+def _hydra(config_dir: str | None) -> Iterator[None]:
+    """Hydra's compose API over conf/ (and a config dir of the user's, searched too),
+    unless an entry point already set Hydra up."""
+    register_configs()
+    if GlobalHydra.instance().is_initialized():
+        yield
+        return
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        yield
+
+
+def _composed(overrides: list[str]) -> tuple[Any, dict[str, Any]]:
+    """The composed config and its group choices; a composition error (a typo'd option
+    or key, a wrong type) as the runner's ConfigError, in the CLI's one line."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from runner.errors import ConfigError, one_line
+    from runner.resume import compose_with_choices
+
+    try:
+        return compose_with_choices(overrides)
+    except (HydraException, OmegaConfBaseException) as ex:
+        raise ConfigError(one_line(ex)) from ex
+
+
+def _with_config_dir(overrides: list[str], config_dir: str | None) -> list[str]:
+    if config_dir is None:
+        return overrides
+    return [*overrides, f"hydra.searchpath=[file://{Path(config_dir).resolve()}]"]
+
+
+def compose(overrides: Sequence[str] = (), config_dir: str | None = None) -> RunnerConfig:
+    """The typed settings `python -m runner <overrides>` would run; starts nothing.
+    Bad input raises runner.errors.ConfigError (or Hydra's own error) with one line."""
+    from runner.schema import typed
+
+    with _hydra(config_dir):
+        cfg, _ = _composed(_with_config_dir(list(overrides), config_dir))
+        return typed(cfg)
+
+
+def _run_dir(overrides: list[str]) -> tuple[Path, list[str]]:
+    """`hydra.run.dir=...` from the overrides (its dir must hold no results), else a new
+    dir under outputs/runs/ as the CLI makes one; the other overrides."""
+    given = [o for o in overrides if o.startswith("hydra.run.dir=")]
+    rest = [o for o in overrides if not o.startswith("hydra.run.dir=")]
+    if given:
+        path = Path(given[-1].split("=", 1)[1])
+        path.mkdir(parents=True, exist_ok=True)
+        return path, rest
+    return Path(unique_dir(time.strftime("outputs/runs/%Y-%m-%d/%H-%M-%S"))), rest
+
+
+def run(overrides: Sequence[str] = (), config_dir: str | None = None) -> dict[str, Any]:
+    """Run the job `python -m runner <overrides>` would run, in this process; returns
+    its summary.json (or a bench's, evaluation's or export's result file) as a dict with
+    `run_dir` added. Bad input raises runner.errors.ConfigError; a run that ends without
+    success raises the runner's error for it (its files are kept, as the CLI keeps them).
+    Ray is stopped afterwards, and this process's environment is as it was (so a later
+    run, or a process it starts, gets a Ray of its own)."""
+    from runner import app
+    from runner.job import Job
+    from runner.overrides import with_checkpoint_alias
+    from runner.ray_session import stop_ray
+
+    start = time.perf_counter()
+    run_dir, rest = _run_dir(with_checkpoint_alias(list(overrides)))
+    overrides = _with_config_dir(rest, config_dir)  # kept with the run: resume takes it again
+    environ = dict(os.environ)  # ray.init sets its auth token here, stale once Ray stops
+    with _hydra(config_dir):
+        cfg, choices = _composed(overrides)
+        job = Job(cfg, run_dir, overrides, choices, config_dir=config_dir)
+        try:
+            totals = app.run(job, start)
+        finally:
+            stop_ray()
+            os.environ.clear()
+            os.environ.update(environ)
+    for name in ("summary.json", "bench.json", "eval.json", "policy.json"):
+        if (run_dir / name).is_file():
+            return {**json.loads((run_dir / name).read_text()), "run_dir": str(run_dir)}
+    return {**totals, "run_dir": str(run_dir)}

@@ -1,0 +1,128 @@
+"""The page `python -m runner --help` prints: usage, the config groups and their options.
+
+Read from the config dir on each call, so a new option file shows up without a code change:
+each option's line is the first comment line of its YAML file that is not a Hydra header
+(`# @package ...`). Standard library and PyYAML only, so the page prints at once: no Hydra,
+Ray or torch import.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import yaml
+
+# The groups a user picks from, in the order the page lists them (others found after these).
+GROUPS = (
+    "hardware",
+    "compile",
+    "scaling",
+    "algo",
+    "env",
+    "task",
+    "search",
+    "logger",
+    "scale",
+    "experiment",
+)
+# Internal groups: the schema (Hydra's ConfigStore), a compile preset's backend file, and
+# the parts scale=local adds by itself. Only a group's own *.yaml files are its options, so
+# the folders below a group are never listed; a top-level one named here is skipped too.
+HIDDEN = ("schema", "compile/backend", "scale/task", "scale/experiment")
+TUNED = "tuned_"
+# The README's first screen, one command each (tests/test_help.py checks they match).
+START = (
+    ("train", "python -m runner record.every=10 hydra.run.dir=outputs/cartpole"),
+    ("watch", "tensorboard --logdir outputs"),
+    (
+        "evaluate",
+        "python -m runner task=evaluate checkpoint=outputs/cartpole task.episodes=20 "
+        "hydra.run.dir=outputs/cartpole_eval",
+    ),
+    (
+        "export",
+        "python -m runner task=export checkpoint=outputs/cartpole "
+        "hydra.run.dir=outputs/cartpole_onnx",
+    ),
+    ("sweep", "python -m runner -m compile=none,inductor_default scaling.num_env_runners=0,1"),
+)
+COMMENT = re.compile(r"^#\s?(.*)$")
+
+
+def describe(path: Path) -> str:
+    """The first comment line of an option file, Hydra's `# @` header lines skipped."""
+    for line in path.read_text().splitlines():
+        found = COMMENT.match(line.strip())
+        if found and not found.group(1).startswith("@"):
+            return found.group(1).strip()
+    return ""
+
+
+def groups(config_dir: str | Path) -> dict[str, dict[str, str]]:
+    """Each visible group's options (file stem to its line), in the page's order."""
+    root = Path(config_dir)
+    found = sorted(p.name for p in root.iterdir() if p.is_dir() and p.name not in HIDDEN)
+    ordered = [g for g in GROUPS if g in found] + [g for g in found if g not in GROUPS]
+    return {
+        group: {p.stem: describe(p) for p in sorted((root / group).glob("*.yaml"))}
+        for group in ordered
+    }
+
+
+def defaults(config_dir: str | Path) -> dict[str, str | None]:
+    """The option config.yaml's defaults list picks per group (None: none picked)."""
+    config = yaml.safe_load((Path(config_dir) / "config.yaml").read_text()) or {}
+    picked: dict[str, str | None] = {}
+    for entry in config.get("defaults", []):
+        if isinstance(entry, dict):
+            for key, value in entry.items():
+                picked[key] = value
+    return picked
+
+
+def _rows(options: dict[str, str], indent: str) -> list[str]:
+    width = max(map(len, options), default=0)
+    return [f"{indent}{name.ljust(width)}  {line}".rstrip() for name, line in options.items()]
+
+
+def text(config_dir: str) -> str:
+    """The help page for the config dir `config_dir` (runner.CONFIG_DIR)."""
+    picked = defaults(config_dir)
+    lines = [
+        "usage: python -m runner [group=option ...] [key=value ...]",
+        "       python -m runner -m [group=a,b ...] [key=a,b ...]   a sweep: a job per combination",
+        "",
+        "Config groups (conf/), group=option picks one:",
+    ]
+    for group, options in groups(config_dir).items():
+        default = picked.get(group)
+        lines.append(f"{group} (default: {default or 'none'})")
+        if group != "experiment":
+            lines += _rows(options, "  ")
+            continue
+        tuned = {name: line for name, line in options.items() if name.startswith(TUNED)}
+        others = [name for name in options if not name.startswith(TUNED)]
+        lines.append(
+            "  a file that overrides any of the above. The tuned presets, RLlib's tuned examples"
+        )
+        lines.append("  with their pass criteria (docs/tuned.md):")
+        lines += _rows(tuned, "    ")
+        lines.append(
+            f"  and {len(others)} reproductions of RLlib's published torch.compile tables "
+            "(docs/reproductions.md),"
+        )
+        lines.append("    listed with their figures by `python -m runner.published`.")
+    lines += [
+        "",
+        "Other keys: stop.*, check.*, checkpoint.*, record.*, seed, ray.*, dry_run=true (plan, run",
+        "nothing), resume=<run dir>, checkpoint=<run dir> (task=evaluate, export): the README's",
+        '"Config groups" names them all. A group file of your own: --config-dir DIR, first.',
+        "",
+        "To start with (the README's first screen):",
+        *(f"  {what.ljust(8)}  {command}" for what, command in START),
+        "",
+        "python -m runner --cfg job prints the composed config (overrides applied), runs nothing;",
+        "python -m runner --hydra-help is Hydra's own help (its flags, e.g. --multirun).",
+    ]
+    return "\n".join(lines)  # print() ends it

@@ -1,0 +1,23 @@
+"""One job, as its entry point composed it: the CLI (`python -m runner`, Hydra's app) or
+the Python API (`runner.run`, Hydra's compose API). Everything below the entry point
+reads this, never Hydra's global state, so the runner works the same from both."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+
+@dataclass
+class Job:
+    cfg: DictConfig  # the composed config, without Hydra's own node
+    run_dir: Path
+    overrides: list[str]  # as given (a sweep job's: its own values)
+    # The group choices Hydra composed (experiment, scale, task, ...).
+    choices: dict[str, Any] = field(default_factory=dict)
+    sweep_dir: Path | None = None  # in a `-m` sweep
+    number: int | None = None  # the job's number in its sweep
+    config_dir: str | None = None  # a --config-dir of the user's (resume composes with it)

@@ -1,0 +1,99 @@
+"""The one settings check: every rule on the typed settings, before anything is built.
+
+`validate` runs once per job, on the settings `schema.typed` made: counts and seconds in
+range, the env's spelling, the logger, the compile settings (what is valid, and where
+each compiled part may run: the PLACEMENT table in runner/compile/settings.py), then the
+task's own rules. What needs the AlgorithmConfig (RLlib's own checks, the user's code)
+is checked as it is built (runner/algorithm_config.py), and what needs the machine by the
+preflight (runner/preflight.py).
+"""
+
+from __future__ import annotations
+
+from runner.compile import settings as compile_settings
+from runner.compile.settings import AUTO, CompileSpec
+from runner.envs import check_spelling
+from runner.errors import ConfigError
+from runner.schema import RunnerConfig, ScalingConfig
+from runner.tasks.base import Task
+
+LOGGERS = ("none", "mlflow")
+# Scaling keys that must be whole numbers >= this bound (RLlib itself does not check).
+_COUNT_MINIMUM = {"num_env_runners": 0, "num_envs_per_env_runner": 1, "num_learners": 0}
+
+
+def check_scaling(s: ScalingConfig) -> None:
+    """Counts are whole and in range, resources non-negative."""
+    for key in (
+        "num_env_runners",
+        "num_envs_per_env_runner",
+        "num_cpus_per_env_runner",
+        "num_gpus_per_env_runner",
+        "num_learners",
+        "num_gpus_per_learner",
+        "num_cpus_per_learner",
+    ):
+        value = getattr(s, key)
+        minimum = _COUNT_MINIMUM.get(key, 0)
+        if value is not None and value < minimum:
+            raise ConfigError(f"scaling.{key} must be >= {minimum}, got {value}")
+
+
+def check_run(settings: RunnerConfig) -> None:
+    """Counts and seconds are never negative (a return may be: Pendulum's are); what the
+    run keeps, its grace, its watchdog and its video in range."""
+    stop, checkpoint, record = settings.stop, settings.checkpoint, settings.record
+    counts = {
+        "stop.iterations": stop.iterations,
+        "stop.env_steps": stop.env_steps,
+        "stop.seconds": stop.seconds,
+        "checkpoint.every": checkpoint.every,
+        "check.env_steps": settings.check.env_steps,
+        "ray.num_cpus": settings.ray.num_cpus,
+        "ray.num_gpus": settings.ray.num_gpus,
+    }
+    for key, value in counts.items():
+        if value is not None and value < 0:
+            raise ConfigError(f"{key} must be >= 0 (or null), got {value}")
+    if checkpoint.keep is not None and checkpoint.keep < 1:
+        raise ConfigError(
+            f"checkpoint.keep={checkpoint.keep}: keep at least 1, or null to keep all"
+        )
+    if checkpoint.keep_best < 0:
+        raise ConfigError("checkpoint.keep_best must be 0 or more")
+    if settings.shutdown.grace_seconds < 0:
+        raise ConfigError("shutdown.grace_seconds must be 0 or more")
+    if settings.watchdog.seconds is not None and settings.watchdog.seconds <= 0:
+        raise ConfigError("watchdog.seconds must be more than 0 (or null for the default bound)")
+    if record.every < 0 or record.episodes < 1:
+        raise ConfigError(
+            f"record.every={record.every} (0: no video) and record.episodes="
+            f"{record.episodes} (at least 1) are out of range"
+        )
+    if settings.logger.name not in LOGGERS:
+        raise ConfigError(
+            f"unknown logger.name '{settings.logger.name}'; use {' or '.join(LOGGERS)}"
+        )
+
+
+def validate(settings: RunnerConfig, task: Task) -> tuple[CompileSpec | None, list[str]]:
+    """Raise ConfigError on the first bad setting; else the compile spec (None: compile
+    off, or a task that compiles nothing) and the warnings for settings that go unused."""
+    check_spelling(settings.env)
+    check_scaling(settings.scaling)
+    check_run(settings)
+    spec, warnings = compile_settings.resolve(settings.compile) if task.uses_compile else (None, [])
+    if spec is not None and spec.backend == AUTO:
+        if not task.compile_auto:
+            raise ConfigError(
+                f"task={task.name} compares one compile preset with eager; compile=auto "
+                "picks one per component for training: compare them all with task=autotune"
+            )
+        from runner.compile import auto  # torch._dynamo: only for compile=auto
+
+        auto.check(settings)
+    warnings += task.check(settings, spec)
+    if task.trains:
+        parts = compile_settings.compiled_parts(spec, settings.scaling)
+        warnings += compile_settings.check_placement(spec, parts, settings.algo.name)
+    return spec, warnings

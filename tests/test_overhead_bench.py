@@ -1,0 +1,53 @@
+"""benchmarks/overhead.py's parts that need no training: the config comparison and the
+refusal of too few repeats (its full run is the README's command, in test_readme.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "overhead.py"
+_spec = importlib.util.spec_from_file_location("overhead", PATH)
+overhead = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(overhead)
+
+
+def test_nested_dicts_flatten_to_dotted_keys_and_lists_stay_values():
+    config = {"lr": 0.001, "_model_config": {"fcnet_hiddens": [64, 64], "head": {"act": "relu"}}}
+    assert overhead.flatten({**config, "env_config": {}}) == {
+        "lr": 0.001,
+        "_model_config.fcnet_hiddens": [64, 64],
+        "_model_config.head.act": "relu",
+        "env_config": {},
+    }
+
+
+def test_a_model_size_difference_is_named_with_both_values():
+    runner = {"lr": 0.001, "_model_config": {"fcnet_hiddens": [64, 64]}, "env_config": {}}
+    plain = {"lr": 0.001, "_model_config": {"fcnet_hiddens": [256, 256]}, "extra": None}
+    assert overhead.config_differences(runner, plain) == [
+        ("_model_config.fcnet_hiddens", [64, 64], [256, 256]),
+        ("env_config", {}, overhead.ABSENT),
+        ("extra", overhead.ABSENT, None),
+    ]
+    assert overhead.config_differences(runner, runner) == []
+
+
+def test_pair_ratios_and_ratio_of_medians():
+    runner = [{"first_iteration_s": s, "env_steps_per_s": 100 * s} for s in (1, 2, 3, 4, 10)]
+    plain = [{"first_iteration_s": s, "env_steps_per_s": 100 * s} for s in (2, 2, 2, 2, 2)]
+    fig = overhead.summarize(runner, plain)["first_iteration_s"]
+    assert fig["runner"] == {"min": 1, "median": 3, "max": 10}
+    assert fig["ratio_of_medians"] == 1.5
+    assert fig["pair_ratio"] == {"min": 0.5, "median": 1.5, "max": 5}
+
+
+@pytest.mark.parametrize("repeats", ["1", "4"])
+def test_fewer_than_five_repeats_are_refused_in_one_line(repeats, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        overhead.main(["--iterations", "1", "--repeats", repeats])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--repeats {repeats} is under 5" in err

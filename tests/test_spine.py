@@ -1,0 +1,241 @@
+"""The spine: one training loop, one env factory, one settings check, imports that flow
+one way, the Python API, and run dirs no two runs share."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import TINY, compose_config
+
+import runner
+from runner import CONFIG_DIR, envs, video
+from runner.api import compose, unique_dir
+from runner.app import prepare
+from runner.errors import ConfigError
+
+RUNNER = Path(runner.__file__).resolve().parent
+# The layers of docs/architecture.md, bottom first: a module imports from its own layer
+# or below, never up (and never in a circle: test_no_import_circle).
+LAYERS = [
+    # foundation: data types, messages, files, the machine
+    {
+        "errors",
+        "schema",
+        "job",
+        "console",
+        "overrides",
+        "guard",
+        "check",
+        "help",
+        "machine",
+        "plan",
+        "user_code",
+        "ray_session",
+        "search",
+        "results.files",
+        "results.plots",
+    },
+    # results and faults
+    {
+        "results.checkpoints",
+        "results.jobs",
+        "results.seeds",
+        "results.tracking",
+        "results.trials",
+        "shutdown",
+        "resume",
+    },
+    # mechanism: envs, compile, the AlgorithmConfig, the preflight, trained policies
+    {
+        "envs",
+        "compile",
+        "compile.settings",
+        "compile.onnxrt",
+        "compile.apply",
+        "compile.report",
+        "compile.auto",
+        "algorithm_config",
+        "preflight",
+        "trained",
+        "video",
+        "tasks.base",
+        "results",
+    },
+    # the one loop, the one settings check, the ONNX export
+    {"loop", "validate", "onnx_export"},
+    # tasks
+    {
+        "tasks",
+        "tasks.train",
+        "tasks.tune",
+        "tasks.evaluate",
+        "tasks.export",
+        "tasks.autotune",
+        "tasks.inference_bench",
+        "tasks.exploration_bench",
+    },
+    # one job, config -> plan -> preflight -> task
+    {"app"},
+    # entry points and tools over results
+    {"api", "__main__", "sweep", "report", "docs", "published"},
+]
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in RUNNER.rglob("*.py"):
+        name = ".".join(path.relative_to(RUNNER).with_suffix("").parts)
+        found[name.removesuffix(".__init__") if name != "__init__" else ""] = path
+    return found
+
+
+def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
+    """The runner modules `path` imports, at the top or inside a function."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = []
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [f"{node.module}.{a.name}" for a in node.names] + [node.module]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        for name in names:
+            if name.startswith("runner.") and name[7:] in modules:
+                found.add(name[7:])
+                break
+    return found
+
+
+def test_every_module_has_a_layer():
+    layered = set().union(*LAYERS)
+    assert set(_modules()) - {""} == layered
+
+
+def test_imports_never_run_back_up_a_layer():
+    modules = _modules()
+    layer = {name: i for i, names in enumerate(LAYERS) for name in names}
+    upward = [
+        f"{name} (layer {layer[name]}) imports {target} (layer {layer[target]})"
+        for name, path in modules.items()
+        if name
+        for target in _imports(path, modules)
+        if layer[target] > layer[name]
+    ]
+    assert upward == []
+
+
+def test_no_import_circle():
+    modules = _modules()
+    graph = {name: _imports(path, modules) - {name} for name, path in modules.items() if name}
+    state: dict[str, int] = {}
+
+    def visit(name: str, trail: list[str]) -> None:
+        state[name] = 1
+        for target in graph[name]:
+            assert state.get(target) != 1, " -> ".join([*trail, name, target])
+            if target not in state:
+                visit(target, [*trail, name])
+        state[name] = 2
+
+    for name in graph:
+        if name not in state:
+            visit(name, [])
+
+
+def test_one_training_loop_calls_algorithm_train():
+    calls = [
+        f"{path.relative_to(RUNNER)}:{n}"
+        for path in RUNNER.rglob("*.py")
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if "algo.train()" in line
+    ]
+    assert len(calls) == 1 and calls[0].startswith("loop.py:"), calls
+
+
+def test_the_env_factory_builds_every_env_with_the_same_settings():
+    """`env.env_config` reaches the driver's env (preflight, compile=auto, export), an
+    RLlib EnvRunner's and video's: one factory, so an episode is cut at 7 steps in all."""
+    from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
+
+    config = prepare(compose_config([*TINY, "+env.env_config.max_episode_steps=7"])).config
+    assert config.env is envs.RunnerEnv
+    driver = envs.make_env(config)
+    assert envs.random_rollout(driver, 0, 30)["done"].sum() == 0  # truncated, not terminated
+    driver.reset(seed=0)
+    steps = next(i for i in range(1, 20) if driver.step(driver.action_space.sample())[3])
+    assert steps == 7
+    env_runner = SingleAgentEnvRunner(config=config)
+    try:
+        episodes = env_runner.sample(num_episodes=2, random_actions=True)
+    finally:
+        env_runner.stop()
+    assert all(len(e) <= 7 for e in episodes)
+    rendering = envs.make_env(config, render_mode=video.RENDER)
+    assert rendering.render_mode == video.RENDER and rendering.spec.max_episode_steps == 7
+
+
+def test_misdispatched_task_is_refused_at_composition():
+    with pytest.raises(ConfigError, match="unknown config key 'task.name'"):
+        compose(["task=train", "task.name=evaluate"])
+    assert compose(["task=evaluate"]).task.name == "evaluate"
+
+
+def test_python_api_composes_typed_settings_and_refuses_a_typo():
+    settings = compose(["algo=dqn", "stop.iterations=2"])
+    assert (settings.algo.name, settings.stop.iterations) == ("DQN", 2)
+    with pytest.raises(ConfigError, match=r"unknown option 'inductr'.*did you mean"):
+        compose(["compile=inductr"])
+
+
+@pytest.mark.slow
+def test_python_api_runs_a_job_and_returns_its_summary(tmp_path: Path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    summary = runner.run([*TINY, "stop.iterations=1", "checkpoint.at_end=false"])
+    run_dir = Path(summary["run_dir"])
+    assert summary["status"] == "finished" and summary["iterations"] == 1
+    assert run_dir.parent.parent == Path("outputs/runs")
+    assert json.loads((run_dir / "summary.json").read_text())["iterations"] == 1
+    with pytest.raises(ConfigError, match="scaling.num_env_runners must be >= 0"):
+        runner.run(["scaling.num_env_runners=-1"])
+
+
+def test_unique_dir_suffixes_a_taken_name(tmp_path: Path):
+    base = str(tmp_path / "runs" / "12-00-00")
+    Path(base).mkdir(parents=True)  # another run's
+    made = unique_dir(base)
+    assert made == f"{base}-2" and Path(made).is_dir()
+    assert unique_dir(base) == made  # asked again in this process: the same dir
+
+
+@pytest.mark.slow
+def test_four_runs_started_at_once_get_four_run_dirs(tmp_path: Path):
+    """Four `python -m runner` launched together in one dir, each resolving the run dir
+    through the default's resolver with the same name (a second shared by all four)."""
+    assert "dir: ${unique_dir:outputs/runs/" in (Path(CONFIG_DIR) / "config.yaml").read_text()
+    args = [
+        sys.executable,
+        "-m",
+        "runner",
+        *TINY,
+        "stop.iterations=1",
+        "scaling.num_env_runners=0",
+        "ray.num_cpus=1",
+        "hydra.run.dir=${unique_dir:outputs/runs/same-second}",
+    ]
+    procs = [
+        subprocess.Popen(
+            args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(4)
+    ]
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, [err[-2000:] for _, err in outs]
+    dirs = sorted((tmp_path / "outputs" / "runs").iterdir())
+    assert [d.name for d in dirs] == ["same-second", *(f"same-second-{n}" for n in (2, 3, 4))]
+    summaries = [json.loads((d / "summary.json").read_text()) for d in dirs]
+    assert [s["iterations"] for s in summaries] == [1] * 4
+    assert all(len((d / "metrics.jsonl").read_text().splitlines()) == 1 for d in dirs)
