@@ -39,12 +39,12 @@ def main() -> None:
         .env_runners(num_env_runners=0, num_envs_per_env_runner=8, num_cpus_per_env_runner=1)
         .learners(num_learners=0, num_gpus_per_learner=0)
         .training(
-            lr=0.001,
+            lr=0.003,
             gamma=0.99,
             lambda_=0.95,
-            train_batch_size_per_learner=2000,
+            train_batch_size_per_learner=1000,
             minibatch_size=250,
-            num_epochs=6,
+            num_epochs=10,
             clip_param=0.2,
             vf_loss_coeff=1.0,
             entropy_coeff=0.0,

@@ -3,7 +3,8 @@
 # job, each swept over seeds into $OUT/<name>, then the report over them:
 #   bash benchmarks/tuned_experiments.sh
 #   ONLY="tuned_dqn_cartpole" SEEDS=0,1,2,3,4 bash benchmarks/tuned_experiments.sh
-#   DOC=docs/tuned.md bash benchmarks/tuned_experiments.sh   # also refresh that page
+#   DOC=docs/tuned.md bash benchmarks/tuned_experiments.sh   # also refresh that page (its
+#   rows for the experiments run; with ONLY, the others stay)
 # EXTRA="key=value ..." is added to every job (a quick try: EXTRA="stop.iterations=1").
 # Running it again skips the seeds that finished (a sweep re-run). tuned_appo_pong needs a
 # GPU machine and is left out. RLlib's CI runs its tuned examples on 7 or 8 logical CPUs

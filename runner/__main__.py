@@ -55,9 +55,14 @@ def _app(cfg: DictConfig) -> None:
         sweep_dir=Path(hydra_cfg.sweep.dir) if in_sweep else None,
         number=hydra_cfg.job.num if in_sweep else None,
     )
+    # Hydra's basic launcher runs a sweep's jobs one after another in this process: a job
+    # leaves its Ray to the next (started again only for other ray.* settings) unless it
+    # failed. Other launchers' jobs (joblib's worker processes) each stop their own.
+    keep_ray = in_sweep and hydra_cfg.launcher._target_.endswith(".BasicLauncher")
     try:
         totals = run(job, START if not in_sweep else job_start, carry_on)
     except Interrupted as stop:
+        keep_ray = False
         if in_sweep:  # recorded, so a re-run of the sweep continues this job
             write_job(
                 job_dir, "interrupted", overrides, error=str(stop), wall_seconds=_since(job_start)
@@ -66,6 +71,7 @@ def _app(cfg: DictConfig) -> None:
             print(f"sweep stopped at job {hydra_cfg.job.num}: run it again to continue")
         raise
     except Exception as ex:
+        keep_ray = False
         message = one_line(ex)
         if not isinstance(ex, RunnerError):
             # A crash (not bad input): one line here, the whole traceback in the run dir.
@@ -78,7 +84,7 @@ def _app(cfg: DictConfig) -> None:
         print(f"error: job {hydra_cfg.job.num}: {message}", file=sys.stderr)
         return
     finally:
-        if in_sweep:
+        if in_sweep and not keep_ray:
             stop_ray()
     if in_sweep:
         status = "dry_run" if cfg.dry_run else "finished"
@@ -117,7 +123,10 @@ def main() -> None:
     if sys.argv[1:2] in (["--help"], ["-h"]):
         from runner import help as runner_help
 
-        print(runner_help.text(CONFIG_DIR))
+        try:
+            print(runner_help.text(CONFIG_DIR), flush=True)
+        except BrokenPipeError:  # `--help | head`: the reader left; say nothing more
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return
     register_configs()
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")

@@ -9,6 +9,7 @@ config schemas registered with Hydra, and run dirs that no two runs share.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import time
@@ -34,7 +35,7 @@ def unique_dir(base: str) -> str:
     base asked again in this process gets the same dir (Hydra resolves it more than once)."""
     if base not in _made:
         Path(base).parent.mkdir(parents=True, exist_ok=True)
-        for n in range(1, 10_000):
+        for n in itertools.count(1):
             candidate = base if n == 1 else f"{base}-{n}"
             try:
                 os.mkdir(candidate)
@@ -59,9 +60,9 @@ def register_configs() -> None:
 
 
 @contextlib.contextmanager
-def _hydra(config_dir: str | None) -> Iterator[None]:
-    """Hydra's compose API over conf/ (and a config dir of the user's, searched too),
-    unless an entry point already set Hydra up."""
+def _hydra() -> Iterator[None]:
+    """Hydra's compose API over conf/ (a config dir of the user's is searched too, through
+    the hydra.searchpath override), unless an entry point already set Hydra up."""
     register_configs()
     if GlobalHydra.instance().is_initialized():
         yield
@@ -96,7 +97,7 @@ def compose(overrides: Sequence[str] = (), config_dir: str | None = None) -> Run
     Bad input raises runner.errors.ConfigError (or Hydra's own error) with one line."""
     from runner.schema import typed
 
-    with _hydra(config_dir):
+    with _hydra():
         cfg, _ = _composed(_with_config_dir(list(overrides), config_dir))
         return typed(cfg)
 
@@ -118,8 +119,9 @@ def run(overrides: Sequence[str] = (), config_dir: str | None = None) -> dict[st
     its summary.json (or a bench's, evaluation's or export's result file) as a dict with
     `run_dir` added. Bad input raises runner.errors.ConfigError; a run that ends without
     success raises the runner's error for it (its files are kept, as the CLI keeps them).
-    Ray is stopped afterwards, and this process's environment is as it was (so a later
-    run, or a process it starts, gets a Ray of its own)."""
+    A Ray the runner started is stopped afterwards, and this process's environment is as
+    it was (so a later run, or a process it starts, gets a Ray of its own); a Ray you
+    started (ray.init) is used and left running."""
     from runner import app
     from runner.job import Job
     from runner.overrides import with_checkpoint_alias
@@ -129,9 +131,9 @@ def run(overrides: Sequence[str] = (), config_dir: str | None = None) -> dict[st
     run_dir, rest = _run_dir(with_checkpoint_alias(list(overrides)))
     overrides = _with_config_dir(rest, config_dir)  # kept with the run: resume takes it again
     environ = dict(os.environ)  # ray.init sets its auth token here, stale once Ray stops
-    with _hydra(config_dir):
+    with _hydra():
         cfg, choices = _composed(overrides)
-        job = Job(cfg, run_dir, overrides, choices, config_dir=config_dir)
+        job = Job(cfg, run_dir, overrides, choices)
         try:
             totals = app.run(job, start)
         finally:

@@ -53,6 +53,30 @@ def replace_block(text: str, name: str, body: str, page: Path) -> str:
     return pattern.sub(lambda _: f"{begin}\n{body}{end}", text)
 
 
+def _rows(block: str) -> dict[str, str]:
+    """A Markdown table's body rows by their first cell."""
+    rows = [line for line in block.splitlines() if line.startswith("| ")][1:]  # no header
+    return {row.split(" | ")[0][2:]: row for row in rows}
+
+
+def merged_verification(text: str, body: str) -> str:
+    """The new verification table, with the rows of the page's earlier table for the
+    configurations this report did not measure (a run of one experiment, e.g. ONLY=...
+    in benchmarks/tuned_experiments.sh, refreshes its own row and keeps the others)."""
+    begin, end = BEGIN.format("verification"), END.format("verification")
+    earlier = text.split(begin, 1)[1].split(end, 1)[0] if begin in text else ""
+    new, kept = _rows(body), _rows(earlier)
+    kept = {name: row for name, row in kept.items() if name not in new}
+    if not kept:
+        return body
+    head = [line for line in body.splitlines() if not line.startswith("| ")]
+    table = [line for line in body.splitlines() if line.startswith("| ")][:1]
+    rows = [row for _, row in sorted({**kept, **new}.items())]
+    names = ", ".join(sorted(kept))
+    note = f"Rows kept from the earlier table (not measured by this run): {names}."
+    return "\n".join([head[0], "", note, "", table[0], head[-1], *rows]) + "\n"
+
+
 def refresh(page: Path, measured: str | None = None, verification: str | None = None) -> None:
     """Rewrite `page`'s reproductions block where it has one, and its measured and
     verification blocks when given them (a page without a block it is given is an error)."""
@@ -61,6 +85,8 @@ def refresh(page: Path, measured: str | None = None, verification: str | None = 
     text = page.read_text()
     if BEGIN.format("reproductions") in text or measured is None and verification is None:
         text = replace_block(text, "reproductions", experiments_markdown(), page)
+    if verification is not None:
+        verification = merged_verification(text, verification)
     for name, body in (("measured", measured), ("verification", verification)):
         if body is not None:
             text = replace_block(text, name, body, page)

@@ -20,4 +20,3 @@ class Job:
     choices: dict[str, Any] = field(default_factory=dict)
     sweep_dir: Path | None = None  # in a `-m` sweep
     number: int | None = None  # the job's number in its sweep
-    config_dir: str | None = None  # a --config-dir of the user's (resume composes with it)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -11,6 +12,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from runner.errors import ConfigError
 from runner.schema import LogLevel, RayConfig
 
 
@@ -23,17 +25,58 @@ def quiet_ray(level_name: LogLevel) -> int:
     return level
 
 
+# The settings of the Ray this process started, or USERS for one it found running.
+USERS = "started by the user"
+_started: str | None = None
+
+
+def _ray_key(ray_cfg: RayConfig, compile_cache_dir: str | None) -> str:
+    """What a Ray is started with: a job asking for the same may run on the one running."""
+    cache = str(Path(compile_cache_dir).resolve()) if compile_cache_dir else None
+    fields = (ray_cfg.address, ray_cfg.num_cpus, ray_cfg.num_gpus, ray_cfg.log_level.value)
+    return json.dumps([*fields, ray_cfg.runtime_env, cache], sort_keys=True, default=str)
+
+
+def _check_users_ray(ray_cfg: RayConfig, compile_cache_dir: str | None) -> None:
+    """A Ray the user started keeps its own settings: refuse the ones it cannot take."""
+    asked = {
+        "ray.address": ray_cfg.address,
+        "ray.num_cpus": ray_cfg.num_cpus,
+        "ray.num_gpus": ray_cfg.num_gpus,
+        "ray.runtime_env": ray_cfg.runtime_env or None,
+        "compile.cache_dir": compile_cache_dir,
+    }
+    named = [name for name, value in asked.items() if value is not None]
+    if named:
+        raise ConfigError(
+            f"Ray is already running in this process (started outside the runner), so "
+            f"{', '.join(named)} cannot apply: pass them to your ray.init, or call "
+            "ray.shutdown() first"
+        )
+
+
 def start_ray(ray_cfg: RayConfig, compile_cache_dir: str | None = None) -> None:
     """A local Ray sized to this machine (no dashboard, quiet), or the cluster at ray.address.
 
     Every actor gets `ray.runtime_env` (e.g. the user's package as `py_modules`), and
-    `compile_cache_dir` as TORCHINDUCTOR_CACHE_DIR, here and in every actor.
+    `compile_cache_dir` as TORCHINDUCTOR_CACHE_DIR, here and in every actor. A Ray already
+    running is used as it is when the user started it (ray.init in a notebook), or when
+    this process started it for an earlier job with the same settings (a sweep's jobs
+    share one); one started with other settings is stopped first.
     """
     import ray
 
+    global _started
     level = quiet_ray(ray_cfg.log_level)
+    key = _ray_key(ray_cfg, compile_cache_dir)
     if ray.is_initialized():
-        return
+        if _started is None:
+            _started = USERS
+        if _started == USERS:
+            _check_users_ray(ray_cfg, compile_cache_dir)
+        if _started in (USERS, key):
+            return
+        stop_ray()
     common: dict[str, Any] = {"logging_level": level, "log_to_driver": level <= logging.INFO}
     runtime_env = dict(ray_cfg.runtime_env)
     if compile_cache_dir:
@@ -54,6 +97,7 @@ def start_ray(ray_cfg: RayConfig, compile_cache_dir: str | None = None) -> None:
             include_dashboard=False,
             **common,
         )
+    _started = key
 
 
 def import_py_modules_here(runtime_env: dict[str, Any]) -> None:
@@ -68,12 +112,16 @@ def import_py_modules_here(runtime_env: dict[str, Any]) -> None:
 
 
 def stop_ray() -> None:
-    """Leave no Ray behind: the next job of a sweep (same process under the basic and the
-    joblib launcher) starts its own, with its own ray.address and ray.num_cpus."""
+    """Stop the Ray this process started (a Ray the user started stays theirs), so the
+    next job, or a process this one starts, gets its own."""
     import ray
 
+    global _started
+    if ray.is_initialized() and _started == USERS:
+        return
     if ray.is_initialized():
         ray.shutdown()
+    _started = None
 
 
 def _resources(bundle: dict[str, float]) -> str:

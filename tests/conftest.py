@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +32,14 @@ TINY_BATCH = (
 TINY = [*TINY_BATCH, "scaling.num_envs_per_env_runner=2", "stop.episode_return_mean=null"]
 
 
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Tests that share a module-scoped fixture (a training run, a search, a cluster) run
+    on one xdist worker (`--dist loadgroup`), so the fixture is made once."""
+    defs = item._fixtureinfo.name2fixturedefs.values()  # type: ignore[attr-defined]
+    if any(d.scope == "module" for chain in defs for d in chain):
+        item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The ipex tests need the ipex extra (CI's second lane): left out unless an -m
     expression names ipex."""
@@ -37,6 +49,34 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if ipex:
         config.hook.pytest_deselected(items=ipex)
         items[:] = [item for item in items if not item.get_closest_marker("ipex")]
+
+
+@contextlib.contextmanager
+def _share_the_machine(alone: bool) -> Iterator[None]:
+    """Under pytest-xdist (`-n 2`, the README's test command) two tests run at once. A
+    test marked `alone` runs while no other does (its setup and teardown too): it stops
+    every Ray on the machine (`ray stop`), or bounds how fast a fault is handled. The
+    others share a lock; the gate stops new tests from starting while one waits to run
+    alone."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run is None:
+        yield
+        return
+    base = Path(tempfile.gettempdir()) / f"rllib-runner-tests-{run}"
+    with open(f"{base}.gate", "a") as gate, open(f"{base}.lock", "a") as lock:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        fcntl.flock(gate, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    with _share_the_machine(item.get_closest_marker("alone") is not None):
+        yield
 
 
 def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:

@@ -124,3 +124,17 @@ def test_importing_it_loads_no_hydra_ray_or_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_a_reader_that_stops_early_gets_no_traceback():
+    """`python -m runner --help | head -2`: the pipe closes under the page."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runner", "--help"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        bufsize=0,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # before the page is written: the write finds no reader
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 0 and err == "", err

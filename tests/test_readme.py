@@ -445,14 +445,23 @@ def workdir(tmp_path: Path) -> Path:
     return tmp_path
 
 
+# docs/cluster.md's `ray stop` stops every Ray on the machine: no other test runs beside it.
+ALONE = {("docs/cluster.md", "On a Ray cluster")}
+
+
+def _param(block: tuple[str, str, int]) -> object:
+    marks = [pytest.mark.alone] if block[:2] in ALONE else []
+    return pytest.param(block, marks=marks, id=_block_id(block))
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("block", BLOCKS, ids=[_block_id(b) for b in BLOCKS])
+@pytest.mark.parametrize("block", [_param(b) for b in BLOCKS])
 def test_readme_block_runs(block: tuple[str, str, int], workdir: Path):
     page, section, number = block
     try:
         run_block(_block_texts(block), workdir)
     finally:
-        if (page, section) == ("docs/cluster.md", "On a Ray cluster"):
+        if (page, section) in ALONE:
             subprocess.run(["bash", "-c", "ray stop"], env=_env(workdir, {}), capture_output=True)
         if block == ("README.md", "Bring your own", 1):
             # The install pointed into this temp dir: leave the environment as it was.

@@ -72,7 +72,7 @@ def test_search_writes_every_trial_and_asha_stops_the_trailing_ones(outputs: Pat
             assert steps < 2000 and r["stop_reason"] == "stopped early by ASHA"
         assert float(r["best_objective"]) >= float(r["objective"]) > 0
     # Trial 1 ran the preset's own values (conf/algo/ppo.yaml, conf/scaling/default.yaml).
-    assert [rows[0][k] for k in KEYS] == ["0.001", "250", "6", "8"]
+    assert [rows[0][k] for k in KEYS] == ["0.003", "250", "10", "8"]
     # Tune's own experiment agrees with trials.csv.
     from ray.tune import ExperimentAnalysis
 
@@ -186,7 +186,7 @@ def _wait_for_results(tune_dir: Path, lines: int, timeout: float) -> None:
 
 @pytest.mark.slow
 def test_interrupted_search_exits_130_and_resume_finishes_it(tmp_path: Path):
-    args = [*SMALL_SEARCH, "task.num_samples=6", "hydra.run.dir=first"]
+    args = [*SMALL_SEARCH, "task.num_samples=4", "hydra.run.dir=first"]
     proc = subprocess.Popen(
         [sys.executable, "-m", "runner", *args],
         cwd=tmp_path,
@@ -204,7 +204,7 @@ def test_interrupted_search_exits_130_and_resume_finishes_it(tmp_path: Path):
     assert err.strip().splitlines()[-1].startswith("error: search interrupted with ")
     assert "continue it with resume=" in err
     first = _rows(tmp_path / "first" / "trials.csv")
-    assert "not_finished" in {r["status"] for r in first} or len(first) < 6
+    assert "not_finished" in {r["status"] for r in first} or len(first) < 4
     assert json.loads((tmp_path / "first" / "summary.json").read_text())["status"] == "interrupted"
 
     changed = run_cli(tmp_path, f"resume={tmp_path / 'first'}", "stop.env_steps=3000", run_dir="x")
@@ -222,7 +222,7 @@ def test_interrupted_search_exits_130_and_resume_finishes_it(tmp_path: Path):
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     second = _rows(tmp_path / "second" / "trials.csv")
-    assert len(second) == 6
+    assert len(second) == 4
     assert {r["status"] for r in second} <= {"finished", "early_stopped"}
     # The trials that had finished kept their results; the earlier run dir is as it was.
     finished = {r["trial_id"]: r["objective"] for r in first if r["status"] != "not_finished"}
@@ -234,7 +234,7 @@ def test_searched_values_apply_through_the_schema_and_rllib():
     """The search space composes typed; each sampled value is checked by RLlib's builder."""
     cfg = compose_config(["task=tune", "search=ppo_cartpole"])
     assert list(cfg.search.space) == KEYS
-    assert cfg.search.space["algo.training.lr"].loguniform == [1.0e-4, 3.0e-3]
+    assert cfg.search.space["algo.training.lr"].loguniform == [1.0e-4, 1.0e-2]
     assert cfg.stop.env_steps == 30000 and cfg.algo.name == "PPO"
     dqn = compose_config(["task=tune", "search=dqn_cartpole"])
     assert dqn.algo.name == "DQN" and "algo.training.n_step" in dqn.search.space
