@@ -39,7 +39,7 @@ def main() -> None:
         .env_runners(num_env_runners=0, num_envs_per_env_runner=8, num_cpus_per_env_runner=1)
         .learners(num_learners=0, num_gpus_per_learner=0)
         .training(
-            lr=0.003,
+            lr=0.005,
             gamma=0.99,
             lambda_=0.95,
             train_batch_size_per_learner=1000,
@@ -47,6 +47,7 @@ def main() -> None:
             num_epochs=10,
             clip_param=0.2,
             vf_loss_coeff=1.0,
+            vf_clip_param=1000.0,
             entropy_coeff=0.0,
         )
         .rl_module(model_config={"fcnet_hiddens": [64, 64]})

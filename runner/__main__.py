@@ -7,8 +7,12 @@ seconds; the rest (torch, Ray, RLlib) comes with the job.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import importlib
 import os
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -31,12 +35,13 @@ from runner.shutdown import Interrupted, install_default  # noqa: E402
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
 def _app(cfg: DictConfig) -> None:
     """One job. In a sweep its outcome goes to job.json, and a failure lets the sweep go on."""
+    hydra_cfg = HydraConfig.get()
+    _start_ray_early(cfg, hydra_cfg.runtime.choices["task"])
     from runner.app import run
     from runner.ray_session import stop_ray
     from runner.results.jobs import ERROR_FILE, earlier_attempt, write_job
     from runner.sweep import summarize
 
-    hydra_cfg = HydraConfig.get()
     job_dir = Path(hydra_cfg.runtime.output_dir)
     overrides = list(hydra_cfg.overrides.task)
     in_sweep = hydra_cfg.mode == RunMode.MULTIRUN
@@ -91,6 +96,48 @@ def _app(cfg: DictConfig) -> None:
         write_job(job_dir, status, overrides, wall_seconds=_since(job_start), **totals)
 
 
+def _start_ray_early(cfg: DictConfig, task_name: str) -> None:
+    """Start the job's local Ray while torch and RLlib import, in another thread: Ray's start
+    mostly waits on its own processes, so the two overlap.
+    Only where the Ray the job needs is known now: not a dry run, no cluster, no
+    compile=auto (it measures before Ray takes the CPUs), nothing read from an earlier run
+    (whose settings apply). The job's own start_ray then finds this Ray running. Anything
+    amiss is left for the job to report; a process that imported the job already (a
+    sweep's later jobs) has nothing to overlap."""
+    if "runner.app" in sys.modules:
+        return
+    from runner import tasks
+    from runner.ray_session import start_ray
+    from runner.schema import AUTO, typed
+
+    try:
+        settings = typed(cfg)
+        task = tasks.get(task_name)
+    except Exception:  # the job says what is wrong, in one line
+        return
+    reads_earlier_run = settings.resume or (task.reads_checkpoint and cfg.task.get("checkpoint"))
+    if (
+        not task.needs_ray
+        or settings.dry_run
+        or settings.ray.address
+        or settings.compile.backend == AUTO
+        or reads_earlier_run
+    ):
+        return
+    importer = threading.Thread(target=_import_quietly, args=("runner.app",), daemon=True)
+    importer.start()
+    with contextlib.suppress(Exception):  # the job's own start_ray tries again and reports
+        start_ray(settings.ray, settings.compile.cache_dir)
+    install_default()  # ray.init set a SIGTERM handler of its own
+    importer.join()
+
+
+def _import_quietly(name: str) -> None:
+    """Import in the background; a failure is raised again by the job's own import."""
+    with contextlib.suppress(BaseException):
+        importlib.import_module(name)
+
+
 def _since(start: float) -> float:
     return time.perf_counter() - start
 
@@ -142,5 +189,23 @@ def main() -> None:
         _fail(one_line(ex))
 
 
+def cli() -> None:
+    """`main`, then the exit a finished run needs and no more: threads joined, exit handlers
+    run (Ray's shutdown among them), the streams flushed. The interpreter's teardown of
+    torch's and RLlib's modules, which takes a second or more, is skipped: every result
+    is on disk by then."""
+    try:
+        main()
+        code = 0
+    except SystemExit as ex:
+        code = ex.code if isinstance(ex.code, int) else (0 if ex.code is None else 1)
+    threading._shutdown()  # type: ignore[attr-defined]  # the interpreter's exit does this first
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError):  # a reader that left (`| head`) wants nothing more
+            stream.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    main()
+    cli()

@@ -22,7 +22,7 @@ from rich.table import Table
 from runner import machine, preflight, tasks
 from runner.algorithm_config import build_algorithm_config, default_config_for
 from runner.compile.apply import add_to_config
-from runner.compile.settings import AUTO, CompileSpec
+from runner.compile.settings import CompileSpec
 from runner.console import console
 from runner.errors import ConfigError, PreflightError
 from runner.job import Job
@@ -31,7 +31,7 @@ from runner.ray_session import import_py_modules_here, quiet_ray, start_ray
 from runner.results import checkpoints, tracking
 from runner.results.files import RESULT_FILES, json_safe, versions, write_json
 from runner.resume import OVERRIDES_FILE, SEARCH_DIR, compose_for_resume
-from runner.schema import RunnerConfig, typed
+from runner.schema import AUTO, RunnerConfig, typed
 from runner.shutdown import Interrupted, install_default
 from runner.tasks.base import Task, TaskRun
 from runner.validate import validate

@@ -82,6 +82,9 @@ class AutoConfig:
     cache_dir: str | None = None
 
 
+AUTO = "auto"  # compile=auto: a preset per component kind, measured before the run
+
+
 @dataclass
 class CompileConfig:
     """torch.compile settings; `backend: null` means compile is off, `auto` measures."""

@@ -11,10 +11,10 @@ preflight (runner/preflight.py).
 from __future__ import annotations
 
 from runner.compile import settings as compile_settings
-from runner.compile.settings import AUTO, CompileSpec
+from runner.compile.settings import CompileSpec
 from runner.envs import check_spelling
 from runner.errors import ConfigError
-from runner.schema import RunnerConfig, ScalingConfig
+from runner.schema import AUTO, RunnerConfig, ScalingConfig
 from runner.tasks.base import Task
 
 LOGGERS = ("none", "mlflow")

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SERVER = r"""
-import atexit, importlib, json, os, site, sys, threading, time
+import importlib, json, os, site, sys, time
 
 import runner.__main__ as entry
 # What a job imports (torch, Ray, RLlib, each task's modules), once for every child: the
@@ -55,19 +55,9 @@ def start(job):
                 os.dup2(f, fd)
             sys.argv = ["runner", *job["args"]]
             entry.START = time.perf_counter()  # the run's clock starts now, not at the import
-            try:
-                entry.main()
-                code = 0
-            except SystemExit as ex:
-                code = ex.code if isinstance(ex.code, int) else (0 if ex.code is None else 1)
+            entry.cli()  # the CLI's own exit: threads joined, atexit's run, os._exit(its code)
         finally:
-            # As the interpreter's exit would: threads joined and their exit hooks run (loky's
-            # workers told to stop), then atexit's (ray.shutdown() among them).
-            threading._shutdown()
-            atexit._run_exitfuncs()
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
+            os._exit(code)  # reached only when the child failed before the CLI ran
     return pid
 
 

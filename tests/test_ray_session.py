@@ -1,12 +1,17 @@
 """Which Ray a job runs on: the one a sweep's earlier job left, a new one for other
-settings, and a Ray the user started, used as it is and never stopped by the runner."""
+settings, a Ray the user started, used as it is and never stopped by the runner, and the
+one the CLI starts while it imports the job."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import ray
+from conftest import TINY
 
 from runner import ray_session
 from runner.errors import ConfigError
@@ -51,3 +56,46 @@ def test_a_ray_the_user_started_is_used_and_left_running(environ):
         ray_session.start_ray(RayConfig(num_cpus=2), compile_cache_dir="cache")
     ray_session.stop_ray()
     assert ray.is_initialized() and _node() == users
+
+
+# ray.init counted in a real `python -m runner` process; each call records whether the
+# job's module (runner.app) had finished importing by then.
+COUNTED_RUN = """
+import sys
+import ray
+
+calls = []
+init = ray.init
+
+
+def counted(*args, **kwargs):
+    calls.append(hasattr(sys.modules.get("runner.app"), "run"))
+    return init(*args, **kwargs)
+
+
+ray.init = counted
+sys.argv = ["runner", *sys.argv[1:]]
+import runner.__main__ as entry
+
+try:
+    entry.main()
+finally:
+    print("ray.init calls:", calls)
+"""
+
+
+@pytest.mark.slow
+def test_the_cli_starts_ray_while_the_job_imports_and_the_job_runs_on_it(tmp_path: Path):
+    """One ray.init in all, made before torch and RLlib finished importing: the job found
+    that Ray running with its own settings and did not start another."""
+    args = ["stop.iterations=1", *TINY, "ray.num_cpus=2", "hydra.run.dir=run"]
+    proc = subprocess.run(
+        [sys.executable, "-c", COUNTED_RUN, *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "ray.init calls: [False]" in proc.stdout, proc.stdout[-3000:]
+    assert (tmp_path / "run" / "summary.json").is_file()

@@ -72,7 +72,7 @@ def test_search_writes_every_trial_and_asha_stops_the_trailing_ones(outputs: Pat
             assert steps < 2000 and r["stop_reason"] == "stopped early by ASHA"
         assert float(r["best_objective"]) >= float(r["objective"]) > 0
     # Trial 1 ran the preset's own values (conf/algo/ppo.yaml, conf/scaling/default.yaml).
-    assert [rows[0][k] for k in KEYS] == ["0.003", "250", "10", "8"]
+    assert [rows[0][k] for k in KEYS] == ["0.005", "250", "10", "8"]
     # Tune's own experiment agrees with trials.csv.
     from ray.tune import ExperimentAnalysis
 

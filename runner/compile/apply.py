@@ -27,7 +27,8 @@ from ray.rllib.utils.actor_manager import RemoteCallResults
 from torch._dynamo.callback import CallbackArgs, CallbackTrigger, callback_handler
 from torch._dynamo.utils import counters
 
-from runner.compile.settings import AUTO, MODE_BACKENDS, CompileSpec
+from runner.compile.settings import MODE_BACKENDS, CompileSpec
+from runner.schema import AUTO
 from runner.user_code import beside
 
 ENV_RUNNER_METHODS = ("_forward_exploration", "_forward_inference")

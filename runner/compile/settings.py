@@ -14,11 +14,10 @@ from dataclasses import dataclass, replace
 import torch
 
 from runner.errors import ConfigError, did_you_mean
-from runner.schema import CompileConfig, ScalingConfig
+from runner.schema import AUTO, CompileConfig, ScalingConfig
 
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 RUNNER_BACKENDS = ("onnxrt", "ipex")
-AUTO = "auto"  # compile=auto: a preset per component kind, measured before the run
 INFERENCE_ONLY = ("onnxrt",)
 # Backends that take torch.compile's `mode`; the others are given none.
 MODE_BACKENDS = ("inductor", "ipex")
