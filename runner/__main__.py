@@ -113,9 +113,9 @@ def _start_ray_early(cfg: DictConfig, task_name: str) -> None:
     try:
         settings = typed(cfg)
         task = tasks.get(task_name)
+        reads_earlier_run = task.checkpoint_source(cfg) is not None
     except Exception:  # the job says what is wrong, in one line
         return
-    reads_earlier_run = settings.resume or (task.reads_checkpoint and cfg.task.get("checkpoint"))
     if (
         not task.needs_ray
         or settings.dry_run

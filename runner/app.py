@@ -116,19 +116,6 @@ def carried_on(attempt: Path | None) -> tuple[Path | None, list[str]]:
     return checkpoint, history
 
 
-def checkpoint_source(cfg: DictConfig, task: Task) -> tuple[str, str] | None:
-    """(path, the setting that named it): resume= for training, checkpoint= for a task
-    that reads one (evaluate, export); None when neither is set."""
-    path = cfg.task.get("checkpoint") if task.reads_checkpoint else None
-    if cfg.resume and path:
-        raise ConfigError(
-            f"task={task.name} reads checkpoint=; resume= continues training: set one"
-        )
-    if cfg.resume:
-        return str(cfg.resume), "resume"
-    return (str(path), "checkpoint") if path else None
-
-
 def run(job: Job, start_time: float, attempt: Path | None = None) -> dict[str, Any]:
     """Prepare, check against what exists, then dry-run or run the task; every file lands
     in the job's run dir. `attempt`: an interrupted earlier attempt of this sweep job to
@@ -138,7 +125,7 @@ def run(job: Job, start_time: float, attempt: Path | None = None) -> dict[str, A
     if any((run_dir / name).exists() for name in RESULT_FILES):
         raise ConfigError(f"run dir '{run_dir}' already holds a run's results; use a new one")
     checkpoint, history = carried_on(attempt)
-    source = checkpoint_source(cfg, tasks.get(job.choices["task"]))
+    source = tasks.get(job.choices["task"]).checkpoint_source(cfg)
     if source:
         cfg, checkpoint, overrides, choices = compose_for_resume(cfg, job.overrides, *source)
         job = replace(job, cfg=cfg, overrides=overrides, choices={**job.choices, **choices})

@@ -11,6 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from omegaconf import DictConfig
+
+from runner.errors import ConfigError
 from runner.results.tracking import NoTracker
 from runner.schema import RunnerConfig, TaskSettings
 
@@ -87,3 +90,15 @@ class Task:
     @property
     def name(self) -> str:
         return self.settings.name
+
+    def checkpoint_source(self, cfg: DictConfig) -> tuple[str, str] | None:
+        """(path, the setting that named it): resume= for training, checkpoint= for a task
+        that reads one (evaluate, export); None when neither is set."""
+        path = cfg.task.get("checkpoint") if self.reads_checkpoint else None
+        if cfg.resume and path:
+            raise ConfigError(
+                f"task={self.name} reads checkpoint=; resume= continues training: set one"
+            )
+        if cfg.resume:
+            return str(cfg.resume), "resume"
+        return (str(path), "checkpoint") if path else None
