@@ -8,7 +8,8 @@ ones, so neither always gets the warmer machine), for a fixed number of iteratio
 - env steps per second: env steps sampled / RLlib's own iteration seconds, all iterations.
 One iteration here ranges 2,700-5,300 env steps/s, so a single ratio moves by +-10 %: each
 figure is shown as min / median / max over at least 5 repeats, with the ratio of medians
-and the runner / plain ratio of each alternated pair (min / median / max).
+and the runner / plain ratio of each alternated pair (min / median / max). Fewer repeats
+(a quick check that both sides run) show medians only.
 The two AlgorithmConfigs are compared key by key, nested dicts included.
 
     python benchmarks/overhead.py --iterations 10 --repeats 5
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-# Fewer repeats give a min / median / max that says nothing about the spread.
+# Fewer repeats give a min / median / max that says nothing about the spread: not shown.
 MIN_REPEATS = 5
 FIGURES = {"first_iteration_s": "first iteration (s)", "env_steps_per_s": "env steps per second"}
 # Config keys that may differ between the runner and plain RLlib, each with its reason.
@@ -131,7 +132,9 @@ def config_differences(runner: dict, plain: dict) -> list[tuple[str, Any, Any]]:
     ]
 
 
-def print_table(summary: dict[str, dict]) -> None:
+def print_table(summary: dict[str, dict], repeats: int) -> None:
+    """The figures; min and max only over MIN_REPEATS repeats or more."""
+    shown = ("min", "median", "max") if repeats >= MIN_REPEATS else ("median",)
     print(f"{'figure':<22}{'':<18}{'min':>10}{'median':>10}{'max':>10}")
     for key, label in FIGURES.items():
         fig = summary[key]
@@ -141,11 +144,19 @@ def print_table(summary: dict[str, dict]) -> None:
             ("runner / plain", fig["pair_ratio"]),
         ):
             digits = 3 if name == "runner / plain" else 2
-            cells = "".join(f"{side[s]:>10.{digits}f}" for s in ("min", "median", "max"))
+            cells = "".join(
+                f"{side[s]:>10.{digits}f}" if s in shown else f"{'-':>10}"
+                for s in ("min", "median", "max")
+            )
             print(f"{label:<22}{name:<18}{cells}")
             label = ""
         print(f"{'':<22}{'ratio of medians':<18}{'':>10}{fig['ratio_of_medians']:>10.3f}")
     print("(runner / plain: the ratio of each alternated pair)")
+    if len(shown) == 1:
+        print(
+            f"(min and max left out: {repeats} repeat(s) say nothing of the spread; "
+            f"use --repeats {MIN_REPEATS} or more)"
+        )
 
 
 def _shown(value: Any) -> str:
@@ -165,12 +176,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--iterations", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=MIN_REPEATS)
     args = parser.parse_args(argv)
-    if args.repeats < MIN_REPEATS:
-        print(
-            f"overhead.py: --repeats {args.repeats} is under {MIN_REPEATS}; "
-            "a min / median / max over fewer alternated repeats says nothing",
-            file=sys.stderr,
-        )
+    if args.repeats < 1 or args.iterations < 1:
+        print("overhead.py: --repeats and --iterations take 1 or more", file=sys.stderr)
         raise SystemExit(2)
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -185,7 +192,7 @@ def main(argv: list[str] | None = None) -> None:
         )
 
     print(f"main job, {args.iterations} iterations, {args.repeats} alternated repeats each")
-    print_table(summarize(runner, plain))
+    print_table(summarize(runner, plain), args.repeats)
     print_differences(differences)
 
 

@@ -25,6 +25,11 @@ def quiet_ray(level_name: LogLevel) -> int:
     return level
 
 
+# A local Ray starts no idle Python workers ahead of need: a run without EnvRunner or
+# Learner actors (the default) uses none, and on a small machine their start takes CPU
+# from the job's own start-up.
+LOCAL_SYSTEM_CONFIG = {"enable_worker_prestart": False, "prestart_worker_first_driver": False}
+
 # The settings of the Ray this process started, or USERS for one it found running.
 USERS = "started by the user"
 _started: str | None = None
@@ -95,6 +100,7 @@ def start_ray(ray_cfg: RayConfig, compile_cache_dir: str | None = None) -> None:
             num_cpus=ray_cfg.num_cpus,
             num_gpus=ray_cfg.num_gpus,
             include_dashboard=False,
+            _system_config=LOCAL_SYSTEM_CONFIG,
             **common,
         )
     _started = key

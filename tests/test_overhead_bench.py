@@ -1,5 +1,5 @@
-"""benchmarks/overhead.py's parts that need no training: the config comparison and the
-refusal of too few repeats (its full run is the README's command, in test_readme.py)."""
+"""benchmarks/overhead.py's parts that need no training: the config comparison, the table
+of fewer repeats, and the refusal of none (its run is the README's command, test_readme.py)."""
 
 from __future__ import annotations
 
@@ -44,10 +44,23 @@ def test_pair_ratios_and_ratio_of_medians():
     assert fig["pair_ratio"] == {"min": 0.5, "median": 1.5, "max": 5}
 
 
-@pytest.mark.parametrize("repeats", ["1", "4"])
-def test_fewer_than_five_repeats_are_refused_in_one_line(repeats, capsys):
+def test_fewer_than_five_repeats_show_medians_only(capsys):
+    runner = [{"first_iteration_s": 2.0, "env_steps_per_s": 100.0}]
+    plain = [{"first_iteration_s": 1.0, "env_steps_per_s": 200.0}]
+    overhead.print_table(overhead.summarize(runner, plain), repeats=1)
+    lines = capsys.readouterr().out.splitlines()
+    first = next(line for line in lines if line.startswith("first iteration"))
+    assert first.split()[-3:] == ["-", "2.00", "-"]
+    assert lines[-1].startswith("(min and max left out: 1 repeat(s) say nothing of the spread")
+    overhead.print_table(overhead.summarize(runner * 5, plain * 5), repeats=5)
+    first = next(line for line in capsys.readouterr().out.splitlines() if "first" in line)
+    assert first.split()[-3:] == ["2.00", "2.00", "2.00"]
+
+
+@pytest.mark.parametrize("args", [["--repeats", "0"], ["--iterations", "0"]])
+def test_no_repeat_or_iteration_is_refused_in_one_line(args, capsys):
     with pytest.raises(SystemExit) as exit_:
-        overhead.main(["--iterations", "1", "--repeats", repeats])
+        overhead.main(args)
     assert exit_.value.code == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and f"--repeats {repeats} is under 5" in err
+    assert err == "overhead.py: --repeats and --iterations take 1 or more\n"

@@ -154,8 +154,9 @@ WAYS: dict[str, Way] = {
     "task.batch_sizes=[1,4,16,64]": Way(("task.iterations=50",), expect="batch  64 |"),
     "python -m runner task=exploration_bench compile=onnxrt_default scaling.num_env_runners=1 "
     "task.timed_iterations=2": Way(SMALL_BATCH, expect="env steps/s over 2 timed iteration(s)"),
+    # One batch size: each is a compile of its own per backend.
     "python benchmarks/compile_forward.py --envs cartpole --iterations 100": Way(
-        expect="cartpole  inductor   batch  16"
+        ("--batch-sizes", "16"), expect="cartpole  inductor   batch  16"
     ),
     # docs/reproductions.md (--help: --write would rewrite conf/experiment/ in the checkout)
     "python -m runner.published --write": Way(("--help",), expect="regenerate conf/experiment/"),
@@ -175,9 +176,10 @@ WAYS: dict[str, Way] = {
     "python -m runner.report outputs/ --doc docs/reproductions.md": Way(
         expect="refreshed docs/reproductions.md"
     ),
+    # One onnxrt table (the inductor bench compiles per batch size: tests/test_bench.py).
     "bash benchmarks/cpu_reproductions.sh": Way(
         env={
-            "ONLY": "inference_cpu_201_inductor_default",
+            "ONLY": "inference_cpu_201_onnxrt_ma",
             "EXTRA": "task.iterations=20 task.burn_in=2",
         },
         expect="report.md",
@@ -255,9 +257,9 @@ WAYS: dict[str, Way] = {
         expect="sweep: 2 jobs, 0 failed",
     ),
     # docs/benchmarks.md, Runner overhead
-    # Five alternated repeats is its least (a spread over fewer says nothing).
+    # One repeat a side: both run and the configs compare (the spread needs the five).
     "python benchmarks/overhead.py --iterations 10 --repeats 5": Way(
-        ("--iterations", "1"), expect="env steps per second"
+        ("--iterations", "1", "--repeats", "1"), expect="(min and max left out: 1 repeat(s)"
     ),
 }
 

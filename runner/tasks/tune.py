@@ -284,6 +284,9 @@ def make_tuner(run: TaskRun, experiment: str | None) -> tune.Tuner:
             max_concurrent_trials=task.max_concurrent,
             search_alg=_searcher(run, preset),
             scheduler=scheduler,
+            # A finished (or stopped) trial's actor runs the next one, as every trial asks
+            # for the same resources: RLlib and torch import once per concurrent trial.
+            reuse_actors=True,
             trial_name_creator=lambda t: f"trial_{t.trial_id}",
             trial_dirname_creator=lambda t: f"trial_{t.trial_id}",
         ),
