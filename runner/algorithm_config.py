@@ -1,4 +1,5 @@
-"""Typed settings -> RLlib AlgorithmConfig, as one pure function (no Ray, no I/O).
+"""Typed settings -> RLlib AlgorithmConfig, as one function (no Ray, no I/O; a multi-agent
+env is built once to read its agent ids).
 
 Every section is passed through the AlgorithmConfig builder method it is named after, so
 RLlib's own setter checks run. The fixed scaling fields go through explicit
@@ -20,9 +21,9 @@ from ray.rllib.algorithms.registry import ALGORITHMS
 
 from runner.compile.apply import add_to_config
 from runner.compile.settings import CompileSpec
-from runner.envs import environment_kwargs
+from runner.envs import environment_kwargs, multi_agent_ids, setting
 from runner.errors import ConfigError, did_you_mean
-from runner.schema import RunnerConfig, ScalingConfig
+from runner.schema import EnvConfig, Policies, RunnerConfig, ScalingConfig
 from runner.user_code import PolicyTable, materialize
 
 # The free-form algo sections, in the order their builders are called.
@@ -141,6 +142,35 @@ def check_policies(config: AlgorithmConfig) -> None:
             )
 
 
+def generated_policies(env: EnvConfig) -> dict[str, Any] | None:
+    """algo.multi_agent for a multi-agent env that declares none: one policy per agent id
+    (`env.policies: per_agent`, the default) or one for all (`shared`); None for a
+    single-agent env."""
+    agents = multi_agent_ids(env)
+    if agents is None:
+        if env.policies is not None:
+            raise ConfigError(
+                f"env.policies={env.policies.value} is for multi-agent envs; {setting(env)} "
+                "is single-agent: drop env.policies"
+            )
+        return None
+    shared = env.policies == Policies.shared
+    table = {str(agent): "shared" if shared else str(agent) for agent in agents}
+    return {"policies": sorted(set(table.values())), "policy_mapping_fn": PolicyTable(table)}
+
+
+def _multi_agent_replay(config: AlgorithmConfig) -> None:
+    """Off-policy algorithms on a multi-agent env sample from RLlib's multi-agent episode
+    buffer (RLlib's multi-agent examples switch to it; the single-agent one fails on
+    multi-agent episodes)."""
+    buffer = getattr(config, "replay_buffer_config", None)
+    kind = (buffer or {}).get("type")
+    if not config.is_multi_agent or not isinstance(kind, str):
+        return
+    if kind.endswith("EpisodeReplayBuffer") and not kind.startswith("MultiAgent"):
+        config.training(replay_buffer_config={**buffer, "type": f"MultiAgent{kind}"})
+
+
 def build_algorithm_config(settings: RunnerConfig, spec: CompileSpec | None) -> AlgorithmConfig:
     """The AlgorithmConfig the typed settings describe, compiling per `spec`. Starts nothing."""
     algo, scaling, env = settings.algo, settings.scaling, settings.env
@@ -158,7 +188,17 @@ def build_algorithm_config(settings: RunnerConfig, spec: CompileSpec | None) -> 
             kwargs["model_config"] = {**env.model_config, **kwargs.get("model_config", {})}
         if kwargs:
             call_builder(config, section, f"algo.{section}", kwargs)
+    if not algo.multi_agent:
+        generated = generated_policies(env)
+        if generated:
+            call_builder(config, "multi_agent", "env.policies", generated)
+    elif env.policies is not None:
+        raise ConfigError(
+            f"env.policies={env.policies.value} and algo.multi_agent both set the policies: "
+            "keep one"
+        )
     check_policies(config)
+    _multi_agent_replay(config)
     _call(config.env_runners, "scaling", fixed["env_runners"])
     _call(config.learners, "scaling", fixed["learners"])
     # RLlib resets its logger to debugging.log_level when the Algorithm starts.

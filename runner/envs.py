@@ -10,11 +10,13 @@ makes, so a setting under `env.*` applies everywhere by construction.
 Three spellings: a gymnasium id (`module:EnvId` imports `module` first, in every
 process), an env class or factory by import path (`env.entry_point`, called with RLlib's
 EnvContext; a MultiAgentEnv makes the run multi-agent), and Atari ids wrapped as RLlib
-wraps Atari for the new API stack.
+wraps Atari for the new API stack. Then `env.wrappers` in order, and `env.framestack`
+(beyond Atari's own), on every single-agent env.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -25,12 +27,12 @@ from ray.rllib.env.multi_agent_env import MultiAgentEnv
 
 from runner.errors import ConfigError, did_you_mean
 from runner.schema import EnvConfig
-from runner.user_code import import_module, locate
+from runner.user_code import TARGET, check_arguments, import_module, locate, materialize
 
 # env_config's reserved key: the env's settings, as a plain dict (pickled to each actor).
 SETTINGS_KEY = "_runner_env"
 # What `environment()` gets besides env and env_config is RLlib's, not the env's.
-_OWN_FIELDS = ("id", "entry_point", "atari", "framestack")
+_OWN_FIELDS = ("id", "entry_point", "atari", "framestack", "wrappers")
 
 
 def _register_ale() -> None:
@@ -91,6 +93,69 @@ def _maker(own: dict[str, Any]) -> Any:
     return maker
 
 
+def wrappers(own: dict[str, Any]) -> list[tuple[Callable[..., Any], dict[str, Any]]]:
+    """`env.wrappers` as (wrapper, keyword arguments), each checked: it imports, is
+    callable and takes its keywords; else one line naming its place in the list."""
+    found = []
+    for i, item in enumerate(own.get("wrappers") or []):
+        where = f"env.wrappers[{i}]"
+        if isinstance(item, str):
+            wrapper, kwargs = locate(item, where), {}
+        elif isinstance(item, dict) and TARGET in item:
+            wrapper = locate(str(item[TARGET]), f"{where}.{TARGET}")
+            kwargs = {k: materialize(v, f"{where}.{k}", k) for k, v in item.items() if k != TARGET}
+        else:
+            raise ConfigError(
+                f"{where}: {item!r} names no wrapper; write pkg.module:Wrapper or "
+                "{_target_: pkg.module.Wrapper, keyword: value}"
+            )
+        if not callable(wrapper):
+            raise ConfigError(f"{where}: {item!r} is a {type(wrapper).__name__}, not a wrapper")
+        check_arguments(wrapper, kwargs, where)
+        found.append((wrapper, kwargs))
+    return found
+
+
+def stack_frames(env: gym.Env, n: int) -> gym.Env:
+    """The last `n` observations on the observation's last axis, as RLlib's Atari wrapper
+    and frame-stacking connector stack them: a Box of shape (..., c) becomes (..., c*n),
+    so RLlib's default encoders take it (an MLP a flat vector, a CNN more channels)."""
+    space = env.observation_space
+    if not isinstance(space, gym.spaces.Box) or not space.shape:
+        raise ConfigError(
+            f"env.framestack={n} stacks array observations (a gymnasium Box); this env's "
+            f"are {space}: drop env.framestack, or add a wrapper that makes a Box first"
+        )
+    low = np.concatenate([space.low] * n, axis=-1)
+    high = np.concatenate([space.high] * n, axis=-1)
+    return gym.wrappers.TransformObservation(
+        gym.wrappers.FrameStackObservation(env, n),
+        lambda frames: np.concatenate(list(frames), axis=-1),
+        gym.spaces.Box(low, high, dtype=space.dtype),
+    )
+
+
+def _wrapped(env: Any, own: dict[str, Any]) -> Any:
+    """`env.wrappers` in order, then `env.framestack` (Atari's wrapper stacks its own)."""
+    stack = None if own["atari"] else own["framestack"]
+    if not own.get("wrappers") and not stack:
+        return env
+    if not isinstance(env, gym.Env):
+        raise ConfigError(
+            f"{setting(own)}: env.wrappers and env.framestack wrap single-agent gymnasium "
+            f"envs; this one is a {type(env).__qualname__}: wrap it in your env's own code"
+        )
+    for i, (wrapper, kwargs) in enumerate(wrappers(own)):
+        try:
+            env = wrapper(env, **kwargs)
+        except Exception as ex:
+            name = getattr(wrapper, "__qualname__", str(wrapper))
+            raise ConfigError(
+                f"env.wrappers[{i}]: {name}(env, ...) failed: {type(ex).__name__}: {ex}"
+            ) from ex
+    return stack_frames(env, stack) if stack else env
+
+
 def build(own: dict[str, Any], context: EnvContext, render_mode: str | None = None) -> Any:
     """One env from the runner's env settings (`own`) and RLlib's EnvContext (the user's
     env_config, worker and vector index); `render_mode` for video."""
@@ -101,12 +166,14 @@ def build(own: dict[str, Any], context: EnvContext, render_mode: str | None = No
         from ray.rllib.env.wrappers.atari_wrappers import wrap_atari_for_new_api_stack
 
         _register_ale()
-        return wrap_atari_for_new_api_stack(
+        env = wrap_atari_for_new_api_stack(
             gym.make(own["id"], **kwargs), framestack=own["framestack"]
         )
-    if own["entry_point"]:  # RLlib passes an EnvContext to a class or factory
-        return _maker(own)(context)
-    return gym.make(own["id"], **kwargs)
+    elif own["entry_point"]:  # RLlib passes an EnvContext to a class or factory
+        env = _maker(own)(context)
+    else:
+        env = gym.make(own["id"], **kwargs)
+    return _wrapped(env, own)
 
 
 class RunnerEnv:
@@ -130,6 +197,9 @@ def environment_kwargs(env: EnvConfig) -> dict[str, Any]:
         check_env_id(env.id)
     elif env.entry_point:
         _maker(own)
+    if env.framestack is not None and env.framestack < 1:
+        raise ConfigError(f"env.framestack={env.framestack}: stack 1 or more frames, or null")
+    wrappers(own)
     env_config = {**env.env_config, SETTINGS_KEY: own}
     return {"env": RunnerEnv, "env_config": env_config, **env.environment}
 
@@ -146,8 +216,35 @@ def make_env(config: Any, render_mode: str | None = None) -> gym.Env | MultiAgen
     """One env in this process, as an EnvRunner of `config` (an AlgorithmConfig) makes
     it; a failure is one line naming the setting."""
     own = own_settings(config.env_config)
-    where = setting(own)
     user_config = {k: v for k, v in config.env_config.items() if k != SETTINGS_KEY}
+    return _made_here(own, user_config, render_mode)
+
+
+def multi_agent_ids(env: EnvConfig) -> list[Any] | None:
+    """The agent ids of a multi-agent env, from one env built here; None for a
+    single-agent env (a gymnasium id, or an env class that is no MultiAgentEnv, is one
+    without building it)."""
+    if not env.entry_point:
+        return None
+    own = {k: v for k, v in asdict(env).items() if k in _OWN_FIELDS}
+    maker = _maker(own)
+    if isinstance(maker, type) and not issubclass(maker, MultiAgentEnv):
+        return None
+    built = _made_here(own, dict(env.env_config), None)
+    try:
+        if not isinstance(built, MultiAgentEnv):
+            return None
+        agents = list(getattr(built, "possible_agents", None) or [])
+        return agents or list(built.reset(seed=0)[0])
+    finally:
+        built.close()
+
+
+def _made_here(
+    own: dict[str, Any], user_config: dict[str, Any], render_mode: str | None
+) -> gym.Env | MultiAgentEnv:
+    """One env built in this process; a failure is one line naming the setting."""
+    where = setting(own)
     try:
         built = build(own, EnvContext(user_config, worker_index=0), render_mode)
     except ConfigError:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import gymnasium as gym
 import torch
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.env.multi_agent_env import MultiAgentEnv
@@ -23,6 +24,12 @@ from runner.schema import Accelerator, RunnerConfig
 FORCE_HINT = "or set preflight.strict=false to try anyway"
 # The scaling guide's learner-placement rule for these algorithms.
 LEARNER_PLACEMENT_ALGOS = ("IMPALA", "APPO")
+# Action spaces an algorithm takes where RLlib's takes only some: for the others RLlib's
+# own error misleads (DQN on a Box ends in a deprecation notice about RLModuleConfig).
+ACTION_SPACES: dict[str, tuple[type[gym.Space], ...]] = {
+    "DQN": (gym.spaces.Discrete,),
+    "SAC": (gym.spaces.Box, gym.spaces.Discrete),
+}
 
 
 @dataclass
@@ -218,9 +225,27 @@ def check_env(settings: RunnerConfig, config: AlgorithmConfig) -> None:
             )
         if multi_agent_env:
             _check_mapping(env, config)
+        _check_action_space(settings, env)
         _build_module(env, config)
     finally:
         env.close()
+
+
+def _check_action_space(settings: RunnerConfig, env: Any) -> None:
+    """The env's action space (each agent's) is one the algorithm takes."""
+    takes = ACTION_SPACES.get(settings.algo.name)
+    if takes is None:
+        return
+    spaces = getattr(env, "action_spaces", None) or {"": env.action_space}
+    for agent, space in spaces.items():
+        if not isinstance(space, takes):
+            kinds = " or ".join(kind.__name__ for kind in takes)
+            whose = f"agent {agent!r} of " if agent else ""
+            raise ConfigError(
+                f"{settings.algo.name} takes a {kinds} action space, and {whose}"
+                f"{setting(settings.env)} has {space}: pick an algo that takes it (algo=ppo "
+                "takes any), or another env"
+            )
 
 
 def _build_module(env: Any, config: AlgorithmConfig) -> None:

@@ -32,6 +32,13 @@ class LogLevel(str, Enum):
     CRITICAL = "CRITICAL"
 
 
+class Policies(str, Enum):
+    """The policies a multi-agent env gets when algo.multi_agent declares none."""
+
+    shared = "shared"  # one policy every agent maps to
+    per_agent = "per_agent"  # one policy per agent id, named after it
+
+
 class LearnerGranularity(str, Enum):
     """What a Learner compiles: each sub-module's forward_train, or the whole update step."""
 
@@ -146,13 +153,20 @@ class EnvConfig:
     first, in the driver and in each actor), or an env class or factory by import path
     (`entry_point`, called with `env_config` as RLlib's EnvContext; a MultiAgentEnv makes
     the run multi-agent). Atari ids are wrapped the way RLlib wraps Atari for the new API
-    stack."""
+    stack; `wrappers`, then `framestack`, wrap any single-agent env."""
 
     id: str | None = None
     entry_point: str | None = None
     env_config: dict[str, Any] = field(default_factory=dict)
     atari: bool = False
+    # The last n observations stacked on the observation's last axis (any Box env; Atari's
+    # own wrapper stacks its frames the same way).
     framestack: int | None = None
+    # gymnasium wrappers applied in order to every env built, each an import path
+    # (`gymnasium.wrappers:FlattenObservation`) or `{_target_: path, keyword: value}`.
+    wrappers: list[Any] = field(default_factory=list)
+    # A multi-agent env without algo.multi_agent: per_agent (null) or shared policies.
+    policies: Policies | None = None
     # Extra keyword arguments for AlgorithmConfig.environment(), e.g. clip_rewards.
     environment: dict[str, Any] = field(default_factory=dict)
     # Env-specific model settings, merged under algo.rl_module.model_config.

@@ -110,7 +110,7 @@ def _check_kind(value: Any, key: str, where: str) -> None:
             )
 
 
-def _check_arguments(target: Callable, kwargs: dict[str, Any], where: str) -> None:
+def check_arguments(target: Callable, kwargs: dict[str, Any], where: str) -> None:
     """A keyword the target does not take fails here, with the closest ones it takes."""
     try:
         params = inspect.signature(target).parameters
@@ -133,7 +133,7 @@ def build(node: dict[str, Any], where: str) -> Any:
     kwargs = {
         k: materialize(v, f"{where}.{k}", k) for k, v in node.items() if k not in (TARGET, ARGS)
     }
-    _check_arguments(target, kwargs, where)
+    check_arguments(target, kwargs, where)
     try:
         return target(*args, **kwargs)
     except Exception as ex:

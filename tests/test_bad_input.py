@@ -25,6 +25,40 @@ CASES = {
     "too many EnvRunners": (["scaling.num_env_runners=8"], "actors need 8 CPU(s)"),
     "negative stop criterion": (["stop.iterations=-3"], "stop.iterations must be >= 0"),
     "unknown env id": (["env.id=CartPol-v1"], "did you mean CartPole-v1"),
+    "unknown env wrapper": (
+        ["env.wrappers=[gymnasium.wrappers:FlattenObservatio]"],
+        "env.wrappers[0]: gymnasium.wrappers:FlattenObservatio: 'gymnasium.wrappers' has no "
+        "'FlattenObservatio' (did you mean FlattenObservation or ",
+    ),
+    "env wrapper's unknown keyword": (
+        [
+            "env.wrappers=[gymnasium.wrappers:FlattenObservation,"
+            "{_target_:gymnasium.wrappers.TimeLimit,max_steps:7}]"
+        ],
+        "env.wrappers[1].max_steps: TimeLimit() takes no 'max_steps' (did you mean "
+        "max_episode_steps?)",
+    ),
+    "env wrapper that fails on the env": (
+        ["env.wrappers=[gymnasium.wrappers:ClipAction]"],
+        "env.wrappers[0]: ClipAction(env, ...) failed: ",
+    ),
+    "an algo without the env's action space": (
+        ["algo=dqn", "env=pendulum"],
+        "DQN takes a Discrete action space, and env.id=Pendulum-v1 has Box(-2.0, 2.0, (1,), "
+        "float32): pick an algo that takes it (algo=ppo takes any), or another env",
+    ),
+    "policies for a single-agent env": (
+        ["env.policies=shared"],
+        "env.policies=shared is for multi-agent envs; env.id=CartPole-v1 is single-agent",
+    ),
+    "policies generated and declared": (
+        ["experiment=tuned_ppo_multi_agent_cartpole", "env.policies=per_agent"],
+        "env.policies=per_agent and algo.multi_agent both set the policies: keep one",
+    ),
+    "frames stacked of a discrete observation": (
+        ["env.id=FrozenLake-v1", "env.framestack=4"],
+        "env.framestack=4 stacks array observations (a gymnasium Box); this env's are Discrete(16)",
+    ),
     "unknown algo option": (["algo=ppoo"], "unknown option 'ppoo' for config group 'algo'"),
     "unknown algo name": (["algo.name=PPOO"], "unknown algo.name 'PPOO'"),
     "unknown RLlib setting": (["+algo.training.lrr=1"], "takes no 'lrr' (did you mean lr?)"),
@@ -123,7 +157,6 @@ CASES = {
         ["+algo.rl_module.model_config.fcnet_hiddens=[0]"],
         "algo.rl_module: building the RLModule failed: IndexError",
     ),
-    "multi-agent env without policies": (["env=multi_agent_cartpole"], "is a MultiAgentEnv"),
     "exploration reproduction on this CPU machine": (
         ["experiment=exploration_onnxrt_default"],
         "or add scale=local",

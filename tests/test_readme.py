@@ -94,6 +94,9 @@ WAYS: dict[str, Way] = {
     ),
     "python -m runner env.id=my_rl_pkg:MyRL/Corridor-v0 scaling.num_env_runners=1 "
     "stop.iterations=3": Way(TINY, expect="done (iterations 1 >= 1)"),
+    "python -m runner env.framestack=4 "
+    "'env.wrappers=[{_target_:gymnasium.wrappers.TimeLimit,max_episode_steps:200}]' "
+    "stop.iterations=2": Way(SMALL_BATCH, expect="done (iterations 2 >= 2)"),
     # Trained for two iterations by tests/test_bring_your_own.py.
     "python -m runner experiment=tuned_ppo_multi_agent_cartpole": Way(
         ("dry_run=true",), expect="dry run: nothing started"

@@ -1,0 +1,93 @@
+"""`env.wrappers` and `env.framestack` from YAML: applied by the one env factory to the
+driver's envs and to every EnvRunner's (a real run's module is built from what its remote
+EnvRunner saw)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import TINY, prepared
+from ray.rllib.core import Columns
+from ray.rllib.core.rl_module import RLModule
+
+import runner
+from runner.envs import make_env
+
+WRAPPERS = (
+    "env.wrappers=[gymnasium.wrappers:FlattenObservation,"
+    "{_target_:gymnasium.wrappers.TimeLimit,max_episode_steps:7}]"
+)
+
+
+def test_framestack_stacks_the_last_frames_on_the_last_axis():
+    config = prepared(["env.framestack=4"]).config
+    env = make_env(config)
+    assert env.observation_space.shape == (16,)
+    first, _ = env.reset(seed=0)
+    assert np.array_equal(first, np.tile(first[:4], 4))  # padded with the first frame
+    second, *_ = env.step(0)
+    assert np.array_equal(second[:12], first[4:]) and not np.array_equal(second[12:], first[12:])
+    # RLlib's default encoder takes the stacked vector.
+    module = config.get_rl_module_spec(env=env).build()
+    out = module.forward_inference({Columns.OBS: torch.as_tensor(second[None])})
+    assert out[Columns.ACTION_DIST_INPUTS].shape == (1, 2)
+
+
+def test_wrappers_apply_in_order_with_their_keywords():
+    env = make_env(prepared([WRAPPERS]).config)
+    assert [type(w).__name__ for w in (env, env.env)] == ["TimeLimit", "FlattenObservation"]
+    env.reset(seed=0)  # pushed left from this start, the pole falls at step 11 unwrapped
+    ends = [env.step(0)[2:4] for _ in range(7)]
+    assert ends[-1] == (False, True) and not any(any(end) for end in ends[:-1])
+
+
+@pytest.mark.slow
+def test_a_remote_env_runner_builds_the_wrapped_stacked_env(tmp_path: Path, monkeypatch):
+    """The Learner's module is built from the spaces the remote EnvRunner's env has."""
+    monkeypatch.chdir(tmp_path)
+    summary = runner.run(
+        [
+            *TINY,
+            WRAPPERS,
+            "env.framestack=3",
+            "scaling.num_env_runners=1",
+            "stop.iterations=1",
+            "hydra.run.dir=run",
+        ]
+    )
+    assert summary["status"] == "finished"
+    (module_dir,) = (tmp_path / "run").rglob("rl_module/default_policy")
+    module = RLModule.from_checkpoint(module_dir)
+    assert module.observation_space.shape == (12,)
+
+
+def test_a_multi_agent_env_gets_a_policy_per_agent_or_one_shared():
+    config = prepared(["env=multi_agent_cartpole"]).config
+    assert set(config.policies) == {"0", "1"}
+    assert [config.policy_mapping_fn(agent, None) for agent in (0, 1)] == ["0", "1"]
+    shared = prepared(["env=multi_agent_cartpole", "env.policies=shared"]).config
+    assert set(shared.policies) == {"shared"}
+    assert {shared.policy_mapping_fn(agent, None) for agent in (0, 1)} == {"shared"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["algo=ppo", "env.policies=per_agent", *TINY, "stop.iterations=2"], {"0", "1"}),
+        # APPO's iteration is long enough to end episodes: one will do.
+        (["algo=appo", "env.policies=shared", "stop.iterations=1"], {"shared"}),
+    ],
+    ids=["ppo-per_agent", "appo-shared"],
+)
+def test_multi_agent_cartpole_trains_with_no_policies_declared(
+    tmp_path: Path, monkeypatch, overrides: list[str], expected: set[str]
+):
+    monkeypatch.chdir(tmp_path)
+    run = ["env=multi_agent_cartpole", *overrides, "stop.episode_return_mean=null"]
+    summary = runner.run([*run, "hydra.run.dir=run"])
+    assert summary["status"] == "finished"
+    assert set(summary["final_module_episode_returns_mean"]) == expected
