@@ -188,11 +188,16 @@ class RunnerEnv:
         return build(context[SETTINGS_KEY], context.copy_with_overrides(env_config=user_config))
 
 
+def _own(env: EnvConfig) -> dict[str, Any]:
+    """The env's settings the factory reads, as the plain dict each actor gets."""
+    return {k: v for k, v in asdict(env).items() if k in _OWN_FIELDS}
+
+
 def environment_kwargs(env: EnvConfig) -> dict[str, Any]:
     """Keyword arguments for AlgorithmConfig.environment(): the factory, the user's
     env_config with the env's settings beside it, and `env.environment`'s extras."""
     check_spelling(env)
-    own = {k: v for k, v in asdict(env).items() if k in _OWN_FIELDS}
+    own = _own(env)
     if env.id and not env.atari:
         check_env_id(env.id)
     elif env.entry_point:
@@ -226,18 +231,20 @@ def multi_agent_ids(env: EnvConfig) -> list[Any] | None:
     without building it)."""
     if not env.entry_point:
         return None
-    own = {k: v for k, v in asdict(env).items() if k in _OWN_FIELDS}
+    own = _own(env)
     maker = _maker(own)
     if isinstance(maker, type) and not issubclass(maker, MultiAgentEnv):
         return None
     built = _made_here(own, dict(env.env_config), None)
     try:
-        if not isinstance(built, MultiAgentEnv):
-            return None
-        agents = list(getattr(built, "possible_agents", None) or [])
-        return agents or list(built.reset(seed=0)[0])
+        return agent_ids(built) if isinstance(built, MultiAgentEnv) else None
     finally:
         built.close()
+
+
+def agent_ids(env: MultiAgentEnv) -> list[Any]:
+    """A multi-agent env's agent ids: its possible_agents, else those of its first reset."""
+    return list(getattr(env, "possible_agents", None) or []) or list(env.reset(seed=0)[0])
 
 
 def _made_here(

@@ -15,7 +15,7 @@ from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.env.multi_agent_env import MultiAgentEnv
 
 from runner.compile.settings import CompileSpec, missing_packages
-from runner.envs import make_env, setting
+from runner.envs import agent_ids, make_env, setting
 from runner.errors import ConfigError, did_you_mean
 from runner.machine import Resources, capability_tuple, has_kernels, is_gpu_of
 from runner.plan import Plan
@@ -262,12 +262,8 @@ def _build_module(env: Any, config: AlgorithmConfig) -> None:
 
 
 def _check_mapping(env: MultiAgentEnv, config: AlgorithmConfig) -> None:
-    agents = list(getattr(env, "possible_agents", None) or [])
-    if not agents:
-        observations, _ = env.reset(seed=0)
-        agents = list(observations)
     policies = sorted(config.policies)
-    for agent in agents:
+    for agent in agent_ids(env):
         try:
             policy = config.policy_mapping_fn(agent, None)
         except KeyError as ex:
