@@ -3,7 +3,8 @@
     python benchmarks/gpu_smoke.py              # on a GPU machine, with a CUDA build of torch
     python benchmarks/gpu_smoke.py --dry-run    # anywhere: plans every step, starts nothing
 
-Each step is one `python -m runner ...` with a run dir of its own under --out:
+Each step is one `python -m runner ...` with a run dir of its own under --out (a dry run
+plans them all in this process, through runner.api):
 
 1. main: the main job with hardware=gpu (PPO on CartPole, a local GPU Learner);
 2. compiled: compile=inductor_ro with a local GPU Learner and one GPU EnvRunner;
@@ -21,6 +22,7 @@ also written to smoke.md and, with every detail, smoke.json. A dry run plans eac
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import signal
 import subprocess
@@ -28,12 +30,14 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import torch
 from rich.console import Console
 from rich.table import Table
 
+from runner import api
+from runner.errors import RunnerError
 from runner.machine import driver_cuda
 
 # Half a GPU each: a local Learner and a GPU EnvRunner fit on one GPU.
@@ -82,16 +86,32 @@ def stop_at(proc: subprocess.Popen, timeout: float) -> int | None:
         return None
 
 
+def plan_step(overrides: list[str], sink: TextIO) -> int:
+    """A dry run of the step in this process (runner.api: one import for every step), its
+    output to `sink`; the exit code the CLI would give."""
+    with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+        try:
+            api.run(overrides)
+        except RunnerError as ex:
+            print(f"error: {ex}")
+            return getattr(ex, "exit_code", 2)
+    return 0
+
+
 def run_step(step: Step, out: Path, dry_run: bool) -> dict[str, Any]:
-    """The step's CLI run, its output in <step>.log; what it wrote, read back."""
+    """The step's CLI run (a dry run: planned in this process), its output in
+    <step>.log; what it wrote, read back."""
     run_dir = out / step.name
-    args = [*step.overrides, f"hydra.run.dir={run_dir}", *(["dry_run=true"] if dry_run else [])]
-    command = [sys.executable, "-m", "runner", *args]
+    args = [*step.overrides, f"hydra.run.dir={run_dir}"]
     start = time.perf_counter()
     log = out / f"{step.name}.log"
     with log.open("w") as sink:
-        proc = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT)
-        code = stop_at(proc, step.timeout)
+        if dry_run:
+            code: int | None = plan_step([*args, "dry_run=true"], sink)
+        else:
+            command = [sys.executable, "-m", "runner", *args]
+            proc = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT)
+            code = stop_at(proc, step.timeout)
     output = log.read_text()
     lines = output.strip().splitlines()
     record = {

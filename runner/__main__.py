@@ -107,7 +107,7 @@ def _start_ray_early(cfg: DictConfig, task_name: str) -> None:
     if "runner.app" in sys.modules:
         return
     from runner import tasks
-    from runner.ray_session import start_ray
+    from runner.ray_session import cluster_address, start_ray
     from runner.schema import AUTO, typed
 
     try:
@@ -119,7 +119,7 @@ def _start_ray_early(cfg: DictConfig, task_name: str) -> None:
     if (
         not task.needs_ray
         or settings.dry_run
-        or settings.ray.address
+        or cluster_address(settings.ray)
         or settings.compile.backend == AUTO
         or reads_earlier_run
     ):

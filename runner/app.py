@@ -27,7 +27,13 @@ from runner.console import console
 from runner.errors import ConfigError, PreflightError
 from runner.job import Job
 from runner.plan import Plan, make_plan
-from runner.ray_session import import_py_modules_here, quiet_ray, start_ray
+from runner.ray_session import (
+    cluster_address,
+    import_py_modules_here,
+    joined_by_environment,
+    quiet_ray,
+    start_ray,
+)
 from runner.results import checkpoints, tracking
 from runner.results.files import RESULT_FILES, json_safe, versions, write_json
 from runner.resume import OVERRIDES_FILE, SEARCH_DIR, compose_for_resume
@@ -140,9 +146,12 @@ def run(job: Job, start_time: float, attempt: Path | None = None) -> dict[str, A
             f"task={prepared.task.name} cannot continue {checkpoint}: resume= a task=tune run dir "
             "continues that search (task=tune), a training run dir continues training"
         )
-    if settings.ray.address:
+    address = cluster_address(settings.ray)
+    if address:
+        if joined := joined_by_environment(settings.ray):
+            console.print(joined)
         start_ray(settings.ray, settings.compile.cache_dir)
-        resources = machine.cluster_resources(settings.ray.address)
+        resources = machine.cluster_resources(address)
     else:
         resources = machine.local_resources(settings.ray)
     plan, config = prepared.plan, prepared.config

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import os
 import sys
 from dataclasses import dataclass
 from functools import cache
@@ -274,8 +275,11 @@ def main(argv: list[str] | None = None) -> int:
         paths = write()
         print(f"wrote {len(paths)} reproduction files to {EXPERIMENT_DIR}")
         return 0
-    for name, (title, _) in experiments().items():
-        print(f"{name:40} {title}")
+    listing = "\n".join(f"{name:40} {title}" for name, (title, _) in experiments().items())
+    try:
+        print(listing, flush=True)
+    except BrokenPipeError:  # `| head`: the reader left; say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 

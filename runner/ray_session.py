@@ -35,10 +35,32 @@ USERS = "started by the user"
 _started: str | None = None
 
 
+# ray.address=local: a Ray of the run's own, even inside a Ray job.
+LOCAL = "local"
+
+
+def cluster_address(ray_cfg: RayConfig) -> str | None:
+    """The cluster a job joins: ray.address, else RAY_ADDRESS (a Ray job's, which
+    `ray job submit` sets); None: a local Ray of its own (ray.address=local forces it)."""
+    address = ray_cfg.address or os.environ.get("RAY_ADDRESS") or None
+    return None if address == LOCAL else address
+
+
+def joined_by_environment(ray_cfg: RayConfig) -> str | None:
+    """The line a run starts with when RAY_ADDRESS, not its settings, chose its cluster."""
+    address = cluster_address(ray_cfg)
+    if ray_cfg.address or address is None:
+        return None
+    return (
+        f"ray: joining the cluster at RAY_ADDRESS={address} "
+        "(ray.address=local runs a Ray of its own)"
+    )
+
+
 def _ray_key(ray_cfg: RayConfig, compile_cache_dir: str | None) -> str:
     """What a Ray is started with: a job asking for the same may run on the one running."""
     cache = str(Path(compile_cache_dir).resolve()) if compile_cache_dir else None
-    fields = (ray_cfg.address, ray_cfg.num_cpus, ray_cfg.num_gpus, ray_cfg.log_level.value)
+    fields = (cluster_address(ray_cfg), ray_cfg.num_cpus, ray_cfg.num_gpus, ray_cfg.log_level.value)
     return json.dumps([*fields, ray_cfg.runtime_env, cache], sort_keys=True, default=str)
 
 
@@ -91,10 +113,12 @@ def start_ray(ray_cfg: RayConfig, compile_cache_dir: str | None = None) -> None:
         runtime_env["env_vars"] = env_vars
     if runtime_env:
         common["runtime_env"] = runtime_env
-    if ray_cfg.address:
-        ray.init(address=ray_cfg.address, **common)
+    address = cluster_address(ray_cfg)
+    if address:
+        ray.init(address=address, **common)
     else:
-        # "local": a new Ray of its own, never a cluster that happens to run on this machine.
+        # "local": a new Ray of its own, never a cluster that happens to run on this machine
+        # (nor the RAY_ADDRESS that ray.address=local overrides).
         ray.init(
             address="local",
             num_cpus=ray_cfg.num_cpus,

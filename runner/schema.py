@@ -206,7 +206,10 @@ class CheckConfig:
 
 @dataclass
 class RayConfig:
-    """Where to run: a local Ray sized to this machine, or an existing cluster."""
+    """Where to run: a local Ray sized to this machine, or an existing cluster.
+
+    `address`: a cluster (`auto`, `host:port`, `ray://...`); `local`: a Ray of the run's
+    own; unset: the cluster in RAY_ADDRESS (Ray sets it inside a Ray job), else local."""
 
     address: str | None = None
     num_cpus: int | None = None

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -32,6 +33,7 @@ import runner.__main__ as entry
 # entry point itself loads them only when a job runs.
 import runner.app, runner.compile.auto, runner.loop, runner.onnx_export, runner.tasks.tune
 import runner.sweep
+import ray._raylet as ray_raylet
 
 
 def start(job):
@@ -43,6 +45,9 @@ def start(job):
             if job.get("env") is not None:  # the environment the user's shell would have
                 os.environ.clear()
                 os.environ.update(job["env"])
+                # Ray's C++ config (its auth mode among it) was read from this server's
+                # environment when Ray was imported: read it again from the job's.
+                ray_raylet.Config.initialize("")
             # What a new interpreter would see: PYTHONPATH first, and the packages
             # installed since this process started (their .pth files).
             extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
@@ -90,17 +95,28 @@ class Forked:
 
 
 def _job(i: int, cwd: Path, args: list[str], env: dict[str, str] | None = None) -> dict:
-    out, err = cwd.parent / f"{cwd.name}.stdout", cwd.parent / f"{cwd.name}.stderr"
-    return {"i": i, "cwd": str(cwd), "args": args, "stdout": out, "stderr": err, "env": env}
+    """A job for the server: its output goes to files in a temp dir of its own."""
+    out = Path(tempfile.mkdtemp(prefix="fork-"))
+    return {
+        "i": i,
+        "cwd": str(cwd),
+        "args": args,
+        "stdout": str(out / "stdout"),
+        "stderr": str(out / "stderr"),
+        "env": env,
+    }
 
 
 def _forked(result: dict, job: dict) -> Forked:
-    return Forked(
+    out = Path(job["stdout"]).parent
+    forked = Forked(
         result["code"],
-        Path(job["stdout"]).read_text(),
-        Path(job["stderr"]).read_text(),
+        (out / "stdout").read_text(),
+        (out / "stderr").read_text(),
         result["seconds"],
     )
+    shutil.rmtree(out)
+    return forked
 
 
 def run_many(
@@ -139,8 +155,7 @@ class ForkServer:
     def run(self, cwd: Path, args: list[str], env: dict[str, str], timeout: float) -> Forked:
         """`python -m runner <args>` in `cwd` with exactly the environment `env`."""
         self.count += 1
-        out_dir = Path(tempfile.mkdtemp(prefix="fork-"))
-        job = _job(self.count, out_dir / "cli", args, env) | {"cwd": str(cwd)}
+        job = _job(self.count, cwd, args, env)
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.proc.stdin.write(json.dumps(job, default=str) + "\n")
         self.proc.stdin.flush()

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import cli_forks
 import pytest
+import shared_ray
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
@@ -105,18 +106,27 @@ class CliResult:
         return [json.loads(line) for line in (self.run_dir / name).read_text().splitlines()]
 
 
+def cli_env(own_ray: bool = False, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """A CLI run's environment: this one, joining the test process's shared Ray
+    (tests/shared_ray.py) unless `own_ray`, then `extra`."""
+    env = {k: v for k, v in os.environ.items() if k not in shared_ray.KEYS}
+    return {**env, **({} if own_ray else shared_ray.env()), **(extra or {})}
+
+
 def run_cli(
     cwd: Path,
     *overrides: str,
     run_dir: str = "run",
     timeout: float = 600,
     env: dict[str, str] | None = None,
+    own_ray: bool = False,
 ) -> CliResult:
     """`python -m runner` in `cwd` (so the installed package is used), run dir under cwd;
-    `env` adds to the environment. The CLI's entry point runs in a child forked from one
-    process that imported it once (tests/cli_forks.py); `seconds` count from the fork."""
+    `env` adds to the environment. It joins the shared Ray unless `own_ray`. The CLI's
+    entry point runs in a child forked from one process that imported it once
+    (tests/cli_forks.py); `seconds` count from the fork."""
     args = [*overrides, f"hydra.run.dir={run_dir}"]
-    proc = cli_forks.server().run(cwd, args, {**os.environ, **(env or {})}, timeout)
+    proc = cli_forks.server().run(cwd, args, cli_env(own_ray, env), timeout)
     return CliResult(proc.returncode, proc.stdout, proc.stderr, proc.seconds, cwd / run_dir)
 
 

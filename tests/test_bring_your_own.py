@@ -5,14 +5,11 @@ PYTHONPATH as a user's package would be (the README test installs it with pip)."
 
 from __future__ import annotations
 
-import os
 import pickle
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import TINY, CliResult, compose_config, prepared
+from conftest import TINY, CliResult, compose_config, prepared, run_cli
 from ray.rllib.connectors.env_to_module import MeanStdFilter
 
 from runner import preflight
@@ -25,17 +22,9 @@ SMALL = [*TINY, "stop.iterations=2", "checkpoint.at_end=false"]
 
 
 def run_with_package(cwd: Path, *args: str) -> CliResult:
-    """`python -m runner` with the example package importable, as if pip-installed."""
-    env = {**os.environ, "PYTHONPATH": str(EXAMPLE)}
-    proc = subprocess.run(
-        [sys.executable, "-m", "runner", *args, "hydra.run.dir=run"],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    return CliResult(proc.returncode, proc.stdout, proc.stderr, 0.0, cwd / "run")
+    """`python -m runner` with the example package importable, as if pip-installed: on
+    PYTHONPATH, which a Ray of the run's own passes on to its actors."""
+    return run_cli(cwd, *args, env={"PYTHONPATH": str(EXAMPLE)}, own_ray=True)
 
 
 def last_metrics(result: CliResult) -> dict[str, float]:

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
-import sys
+import os
 from pathlib import Path
 
 import pytest
-from conftest import TINY_BATCH
+from conftest import TINY_BATCH, run_cli
 from ray.cluster_utils import Cluster
 
 # One env per EnvRunner here: three EnvRunners on a 1-CPU head and a 2-CPU worker.
@@ -32,14 +31,11 @@ def cluster():
     c.shutdown()
 
 
-def runner(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "runner", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+def runner(cwd: Path, *args: str, run_dir: str = "run", env: dict[str, str] | None = None):
+    """The CLI, forked from the tests' import (conftest.run_cli), as a driver of this
+    cluster's own: with its auth settings, not the shared Ray's."""
+    auth = {k: os.environ[k] for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN") if k in os.environ}
+    return run_cli(cwd, *args, run_dir=run_dir, own_ray=True, env={**auth, **(env or {})})
 
 
 @pytest.mark.slow
@@ -51,7 +47,6 @@ def test_training_spreads_env_runners_over_the_nodes(cluster, tmp_path: Path):
         f"ray.address={cluster.address}",
         "scaling.num_env_runners=3",
         *ONE_ITERATION,
-        "hydra.run.dir=run",
     )
     assert proc.returncode == 0, proc.stderr
     plan = json.loads((tmp_path / "run" / "plan.json").read_text())
@@ -78,7 +73,6 @@ def test_the_users_package_reaches_every_node_through_py_modules(cluster, tmp_pa
         f"+ray.runtime_env.py_modules=[{package / 'my_rl_pkg'}]",
         "scaling.num_env_runners=3",
         *ONE_ITERATION,
-        "hydra.run.dir=run",
     )
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
@@ -97,10 +91,28 @@ def test_preflight_checks_the_cluster_not_this_machine(cluster, tmp_path: Path):
 @pytest.mark.slow
 def test_without_ray_address_the_run_gets_its_own_ray(cluster, tmp_path: Path):
     """A cluster running on this machine is not joined unless ray.address says so."""
-    proc = runner(tmp_path, "scaling.num_env_runners=1", *ONE_ITERATION, "hydra.run.dir=run")
+    proc = runner(tmp_path, "scaling.num_env_runners=1", *ONE_ITERATION)
     assert proc.returncode == 0, proc.stderr
     result = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert result["hardware"]["where"] == "this machine"
     cluster_nodes = {n.node_id for n in cluster.list_all_nodes()}
     assert len(result["env_runner_nodes"]) == 1
     assert not set(result["env_runner_nodes"]) & cluster_nodes
+
+
+@pytest.mark.slow
+def test_a_run_in_a_ray_job_joins_ray_address_unless_ray_address_is_local(cluster, tmp_path):
+    """Ray sets RAY_ADDRESS for a Ray job's driver: the run joins that cluster, and says so
+    on its first line; ray.address=local starts a Ray of its own all the same. The
+    preflight names which one it checked (5 EnvRunners fit in neither)."""
+    job = {"RAY_ADDRESS": cluster.address}
+    joined = runner(tmp_path, "scaling.num_env_runners=5", run_dir="joined", env=job)
+    assert joined.returncode == 2, joined.stderr
+    assert joined.stdout.splitlines()[0].startswith(
+        f"ray: joining the cluster at RAY_ADDRESS={cluster.address} "
+    )
+    assert f"but the Ray cluster at {cluster.address} has 3" in joined.stderr
+    own = runner(tmp_path, "ray.address=local", "scaling.num_env_runners=5", run_dir="own", env=job)
+    assert own.returncode == 2, own.stderr
+    assert "joining" not in own.stdout
+    assert "but this machine has" in own.stderr.strip().splitlines()[-1], own.stderr

@@ -524,8 +524,8 @@ def test_sweep_interrupted_in_its_second_job_continues_it(tmp_path: Path):
         "checkpoint.every=1",
         "hydra.sweep.dir=sweep",
     )
-    plan = Cli(tmp_path, *args, "dry_run=true")
-    assert plan.wait()[0] == 0, plan.output
+    plan = run_cli(tmp_path, *args, "dry_run=true", own_ray=True)
+    assert plan.returncode == 0, plan.stderr
     sweep = tmp_path / "sweep"
     assert json.loads((sweep / "0" / "job.json").read_text())["status"] == "dry_run"
 
@@ -543,11 +543,11 @@ def test_sweep_interrupted_in_its_second_job_continues_it(tmp_path: Path):
     assert stopped_at < 4
 
     interrupted = code
-    again = Cli(tmp_path, *args)
-    code, _ = again.wait()
-    assert code == 0, again.output
-    assert "job 0: finished in an earlier run of this sweep, skipped" in again.output
-    assert "continuing the interrupted job" in again.output
+    again = run_cli(tmp_path, *args)  # on the shared Ray: the CLI forked (tests/cli_forks.py)
+    assert again.returncode == 0, again.stderr
+    said = again.stdout + again.stderr
+    assert "job 0: finished in an earlier run of this sweep, skipped" in said
+    assert "continuing the interrupted job" in said
     job = sweep / "1"
     assert (job / "attempt-1" / "job.json").is_file()
     summary = _summary(job)

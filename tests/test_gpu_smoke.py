@@ -1,6 +1,7 @@
 """benchmarks/gpu_smoke.py, the prepared first GPU run, in its CPU-safe parts: the README's
 two commands, run here as written. There is no GPU here: the dry run plans every step (each
-a real `python -m runner ... dry_run=true`), and the real run refuses in one line."""
+the job `python -m runner ... dry_run=true` runs, through runner.api in the script's
+process), and the real run refuses in one line."""
 
 from __future__ import annotations
 

@@ -1,14 +1,18 @@
-"""Reproductions: the generated experiment files, their plans on this machine, the
-exploration benchmark for real, and the report built from saved results."""
+"""Reproductions: the generated experiment files, their plans on this machine, and
+docs/reproductions.md's commands for real (an inference and an exploration reproduction,
+the report over them, the page refreshed), then what they wrote, read back."""
 
 from __future__ import annotations
 
 import csv
+import json
 import shutil
 from pathlib import Path
 
 import pytest
-from conftest import compose_config, prepared, run_cli
+from conftest import compose_config, prepared
+from readme import commands
+from test_readme import as_user_dir, run_block
 
 from runner import CONFIG_DIR, docs, published, report
 from runner.algorithm_config import build_algorithm_config
@@ -20,13 +24,6 @@ from runner.tasks.exploration_bench import eager_twin
 EXPERIMENTS = list(published.experiments())
 # This machine for preflight, with no GPU, as CI has.
 CPU_MACHINE = Resources(where="this machine", cpus=2, gpus=0, gpu_names=[], cpu_model="test")
-# Small enough for a CartPole iteration in well under a second.
-TINY_PPO = [
-    "env=cartpole",
-    "algo.training.train_batch_size_per_learner=200",
-    "algo.training.minibatch_size=100",
-    "algo.training.num_epochs=1",
-]
 
 
 def test_experiment_files_are_the_generated_ones():
@@ -140,26 +137,45 @@ def test_exploration_bench_needs_compiled_env_runners(cli):
 
 
 @pytest.fixture(scope="module")
-def exploration_run(tmp_path_factory) -> Path:
-    """A real exploration reproduction at local scale, on CartPole for speed: 2 iterations."""
-    result = run_cli(
-        tmp_path_factory.mktemp("exploration"),
-        "experiment=exploration_onnxrt_default",
-        "scale=local",
-        *TINY_PPO,
-        "task.warmup_iterations=1",
-        "task.timed_iterations=1",
-        run_dir="runs/exploration",
-    )
-    assert result.returncode == 0, result.stderr
-    assert "speedup" in result.stdout
-    return result.run_dir
+def reproductions(tmp_path_factory) -> Path:
+    """docs/reproductions.md's commands, run in a user's dir as the doc test runs a page
+    (tests/test_readme.py): two reproductions at local scale, the report, the page refreshed."""
+    cwd = as_user_dir(tmp_path_factory.mktemp("reproductions"))
+    run_block(list(dict.fromkeys(c.text for c in commands() if c.section == "Reproductions")), cwd)
+    return cwd
+
+
+def run_of(cwd: Path, name: str) -> Path:
+    """The run dir of reproduction `name` under cwd's outputs/."""
+    (bench,) = [
+        p
+        for p in (cwd / "outputs").rglob("bench.json")
+        if json.loads(p.read_text())["reproduction"]["name"] == name
+    ]
+    return bench.parent
+
+
+@pytest.fixture(scope="module")
+def exploration_run(reproductions: Path) -> Path:
+    """The page's exploration reproduction at local scale, on CartPole for speed."""
+    return run_of(reproductions, "exploration_onnxrt_default")
+
+
+@pytest.fixture(scope="module")
+def inference_run(reproductions: Path) -> Path:
+    return run_of(reproductions, "inference_cpu_201_onnxrt_default")
+
+
+@pytest.mark.slow
+def test_the_page_shows_what_its_commands_measured(reproductions: Path):
+    page = (reproductions / "docs" / "reproductions.md").read_text()
+    measured = page.split("<!-- measured:begin -->")[1]
+    assert "inference_cpu_201_onnxrt_default" in measured
+    assert "exploration_onnxrt_default" in measured
 
 
 @pytest.mark.slow
 def test_exploration_bench_writes_both_throughputs(exploration_run: Path):
-    import json
-
     bench = json.loads((exploration_run / "bench.json").read_text())
     assert bench["task"] == "exploration_bench" and bench["backend"] == "onnxrt"
     assert [(r["copy"], r["timed"]) for r in bench["rows"]] == [
@@ -186,19 +202,6 @@ def test_exploration_bench_writes_both_throughputs(exploration_run: Path):
     assert (exploration_run / "bench.png").read_bytes()[:4] == b"\x89PNG"
     with (exploration_run / "bench.csv").open() as f:
         assert len(list(csv.DictReader(f))) == 4
-
-
-@pytest.fixture(scope="module")
-def inference_run(tmp_path_factory) -> Path:
-    result = run_cli(
-        tmp_path_factory.mktemp("inference"),
-        "experiment=inference_cpu_201_onnxrt_default",
-        "task.iterations=20",
-        "task.burn_in=2",
-        run_dir="runs/inference",
-    )
-    assert result.returncode == 0, result.stderr
-    return result.run_dir
 
 
 @pytest.mark.slow
@@ -242,8 +245,6 @@ def test_report_puts_published_and_measured_side_by_side(
 
 
 def json_rows(run: Path) -> dict[int, float]:
-    import json
-
     bench = json.loads((run / "bench.json").read_text())
     return {r["batch_size"]: r["speedup"] for r in bench["rows"]}
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import ast
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+import shared_ray
+from cli_forks import run_many
 from conftest import TINY, compose_config
 
 import runner
@@ -217,23 +217,15 @@ def test_four_runs_started_at_once_get_four_run_dirs(tmp_path: Path):
     through the default's resolver with the same name (a second shared by all four)."""
     assert "dir: ${unique_dir:outputs/runs/" in (Path(CONFIG_DIR) / "config.yaml").read_text()
     args = [
-        sys.executable,
-        "-m",
-        "runner",
         *TINY,
         "stop.iterations=1",
         "scaling.num_env_runners=0",
-        "ray.num_cpus=1",
         "hydra.run.dir=${unique_dir:outputs/runs/same-second}",
     ]
-    procs = [
-        subprocess.Popen(
-            args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
-        for _ in range(4)
-    ]
-    outs = [p.communicate(timeout=600) for p in procs]
-    assert [p.returncode for p in procs] == [0] * 4, [err[-2000:] for _, err in outs]
+    # Four forks at once of one process that imported the runner (tests/cli_forks.py),
+    # on the shared Ray.
+    results = run_many([(tmp_path, args)] * 4, forks=4, env=shared_ray.env())
+    assert [r.returncode for r in results] == [0] * 4, [r.stderr[-2000:] for r in results]
     dirs = sorted((tmp_path / "outputs" / "runs").iterdir())
     assert [d.name for d in dirs] == ["same-second", *(f"same-second-{n}" for n in (2, 3, 4))]
     summaries = [json.loads((d / "summary.json").read_text()) for d in dirs]

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import csv
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import TINY
+from conftest import TINY, CliResult, run_cli
 from scipy import stats
 
 from runner import report, sweep
@@ -24,14 +22,9 @@ JOB = [
 ]
 
 
-def run_sweep(cwd: Path, *overrides: str, sweep_dir: str = "sweep") -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "runner", "-m", *overrides, f"hydra.sweep.dir={sweep_dir}"],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+def run_sweep(cwd: Path, *overrides: str, sweep_dir: str = "sweep", **kwargs) -> CliResult:
+    """`python -m runner -m <overrides>` in cwd (forked: conftest.run_cli)."""
+    return run_cli(cwd, "-m", *overrides, f"hydra.sweep.dir={sweep_dir}", **kwargs)
 
 
 def read_summary(sweep_dir: Path) -> list[dict[str, str]]:
@@ -40,7 +33,7 @@ def read_summary(sweep_dir: Path) -> list[dict[str, str]]:
 
 
 @pytest.fixture(scope="module")
-def finished_sweep(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+def finished_sweep(tmp_path_factory) -> tuple[Path, CliResult]:
     cwd = tmp_path_factory.mktemp("sweep")
     proc = run_sweep(cwd, "compile=none,eager", "scaling.num_envs_per_env_runner=1,2", *JOB)
     return cwd, proc
@@ -115,7 +108,9 @@ def test_failed_job_is_recorded_and_the_rest_run(tmp_path: Path):
 
 @pytest.mark.slow
 def test_sweep_dry_run_plans_every_job_and_runs_none(tmp_path: Path):
-    proc = run_sweep(tmp_path, "hardware=cpu,a100", "scaling.num_env_runners=1,-1", "dry_run=true")
+    proc = run_sweep(
+        tmp_path, "hardware=cpu,a100", "scaling.num_env_runners=1,-1", "dry_run=true", own_ray=True
+    )
     assert proc.returncode == 1  # two invalid jobs
     out = proc.stdout
     assert "dry run: 4 jobs, 2 invalid" in out

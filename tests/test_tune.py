@@ -215,13 +215,7 @@ def test_interrupted_search_exits_130_and_resume_finishes_it(tmp_path: Path):
         f"error: resume={tmp_path / 'first'} continues a search as it began; drop the stop.* "
         "overrides (Ray Tune restores the search's own), or start a new search"
     ]
-    resumed = subprocess.run(
-        [sys.executable, "-m", "runner", f"resume={tmp_path / 'first'}", "hydra.run.dir=second"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    resumed = run_cli(tmp_path, f"resume={tmp_path / 'first'}", run_dir="second")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     second = _rows(tmp_path / "second" / "trials.csv")
     assert len(second) == 4
