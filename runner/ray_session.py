@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 from collections import Counter
 from pathlib import Path
@@ -55,6 +56,38 @@ def joined_by_environment(ray_cfg: RayConfig) -> str | None:
         f"ray: joining the cluster at RAY_ADDRESS={address} "
         "(ray.address=local runs a Ray of its own)"
     )
+
+
+_NO_CLUSTER_FIX = (
+    "start one (ray start --head) or pass ray.address=local for a Ray of the run's own"
+)
+
+
+def _named(ray_cfg: RayConfig, address: str) -> str:
+    return f"ray.address={address}" if ray_cfg.address else f"RAY_ADDRESS={address}"
+
+
+def _check_reachable(ray_cfg: RayConfig, address: str) -> None:
+    """Something answers at the cluster's address: ray.init waits without end (and past
+    SIGTERM) for a cluster on this machine that is not there."""
+    from ray._private.services import canonicalize_bootstrap_address_or_die
+
+    named = _named(ray_cfg, address)
+    try:
+        if address.startswith("ray://"):
+            host, _, port = address.removeprefix("ray://").rpartition(":")
+        else:
+            bootstrap = canonicalize_bootstrap_address_or_die(address)
+            host, _, port = bootstrap.rpartition(":")
+        socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+    except ValueError:
+        raise ConfigError(
+            f"{named} is not host:port (nor auto, local or ray://host:port)"
+        ) from None
+    except (ConnectionError, OSError) as e:
+        raise ConfigError(
+            f"{named}: no Ray cluster answers there ({e}): {_NO_CLUSTER_FIX}"
+        ) from None
 
 
 def _ray_key(ray_cfg: RayConfig, compile_cache_dir: str | None) -> str:
@@ -115,7 +148,12 @@ def start_ray(ray_cfg: RayConfig, compile_cache_dir: str | None = None) -> None:
         common["runtime_env"] = runtime_env
     address = cluster_address(ray_cfg)
     if address:
-        ray.init(address=address, **common)
+        _check_reachable(ray_cfg, address)
+        try:
+            ray.init(address=address, **common)
+        except ConnectionError as e:
+            named = _named(ray_cfg, address)
+            raise ConfigError(f"{named}: {e}: {_NO_CLUSTER_FIX}") from None
     else:
         # "local": a new Ray of its own, never a cluster that happens to run on this machine
         # (nor the RAY_ADDRESS that ray.address=local overrides).

@@ -23,6 +23,11 @@ CASES = {
     ),
     "GPU profile on a CPU machine": (["hardware=a100"], "expects an NVIDIA A100 GPU"),
     "too many EnvRunners": (["scaling.num_env_runners=8"], "actors need 8 CPU(s)"),
+    "no cluster at ray.address": (
+        ["ray.address=127.0.0.1:1"],
+        "ray.address=127.0.0.1:1: no Ray cluster answers there ([Errno 111] Connection refused)"
+        ": start one (ray start --head) or pass ray.address=local",
+    ),
     "negative stop criterion": (["stop.iterations=-3"], "stop.iterations must be >= 0"),
     "unknown env id": (["env.id=CartPol-v1"], "did you mean CartPole-v1"),
     "unknown env wrapper": (

@@ -34,6 +34,18 @@ def _node() -> str:
     return ray.get_runtime_context().get_node_id()
 
 
+def test_a_cluster_address_nothing_answers_at_is_one_line_naming_where_it_came_from(
+    environ, monkeypatch
+):
+    """ray.init would wait without end (ignoring SIGTERM) for a cluster that is not there."""
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")
+    with pytest.raises(ConfigError, match=r"^RAY_ADDRESS=127\.0\.0\.1:1: no Ray cluster answers"):
+        ray_session.start_ray(RayConfig())
+    with pytest.raises(ConfigError, match=r"^ray\.address=nonsense is not host:port"):
+        ray_session.start_ray(RayConfig(address="nonsense"))
+    assert not ray.is_initialized()
+
+
 @pytest.mark.slow
 def test_jobs_with_the_same_settings_share_a_ray_and_other_settings_get_a_new_one(environ):
     ray_session.start_ray(RayConfig(num_cpus=1))
