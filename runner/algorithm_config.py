@@ -23,7 +23,7 @@ from runner.compile.apply import add_to_config
 from runner.compile.settings import CompileSpec
 from runner.envs import environment_kwargs, multi_agent_ids, setting
 from runner.errors import ConfigError, did_you_mean
-from runner.schema import EnvConfig, Policies, RunnerConfig, ScalingConfig
+from runner.schema import EnvConfig, EvalConfig, Policies, RunnerConfig, ScalingConfig
 from runner.user_code import PolicyTable, materialize
 
 # The free-form algo sections, in the order their builders are called.
@@ -118,6 +118,19 @@ def learner_scaling(s: ScalingConfig) -> dict[str, Any]:
     }
 
 
+def evaluation_settings(e: EvalConfig, config: AlgorithmConfig) -> dict[str, Any]:
+    """The fields `AlgorithmConfig.evaluation()` takes for eval.* (evaluation during
+    training), over any algo.evaluation.evaluation_config."""
+    return {
+        "evaluation_interval": e.every,
+        "evaluation_duration": e.episodes,
+        "evaluation_duration_unit": "episodes",
+        "evaluation_parallel_to_training": e.parallel,
+        "evaluation_num_env_runners": e.num_env_runners,
+        "evaluation_config": {**(config.evaluation_config or {}), "explore": e.explore},
+    }
+
+
 def check_policies(config: AlgorithmConfig) -> None:
     """A policy id the mapping table, the policies to train or the module specs name must be
     one of algo.multi_agent.policies."""
@@ -197,6 +210,11 @@ def build_algorithm_config(settings: RunnerConfig, spec: CompileSpec | None) -> 
             f"env.policies={env.policies.value} and algo.multi_agent both set the policies: "
             "keep one"
         )
+    if settings.eval.every:
+        evaluation = evaluation_settings(settings.eval, config)
+        for key in algo.evaluation.keys() & evaluation.keys() - {"evaluation_config"}:
+            raise ConfigError(f"algo.evaluation.{key} and eval.* both set it: keep eval.*")
+        _call(config.evaluation, "eval", evaluation)
     check_policies(config)
     _multi_agent_replay(config)
     _call(config.env_runners, "scaling", fixed["env_runners"])

@@ -78,6 +78,13 @@ def _changed_settings(config: AlgorithmConfig, algo_name: str) -> dict[str, Any]
     return {k: v for k, v in ours.items() if default.get(k) != v}
 
 
+def print_changed(config: AlgorithmConfig, settings: RunnerConfig) -> None:
+    """The AlgorithmConfig's settings that differ from RLlib's: a dry run's middle section,
+    and a real run's first lines (before Ray's), so its log says what it ran."""
+    console.rule(f"AlgorithmConfig ({type(config).__name__}): settings that differ from RLlib")
+    console.print(json.dumps(_changed_settings(config, settings.algo.name), indent=2))
+
+
 def print_plan(plan: Plan, report: preflight.Report, res: machine.Resources) -> None:
     table = Table(title="resource plan", title_justify="left")
     for column in ("role", "count", "CPUs each", "GPUs each", "hosts"):
@@ -165,9 +172,7 @@ def run(job: Job, start_time: float, attempt: Path | None = None) -> dict[str, A
     if settings.dry_run:
         console.rule("resolved config")
         console.print(OmegaConf.to_yaml(cfg, resolve=True), end="")
-        config_name = type(config).__name__
-        console.rule(f"AlgorithmConfig ({config_name}): settings that differ from RLlib")
-        console.print(json.dumps(_changed_settings(config, settings.algo.name), indent=2))
+        print_changed(config, settings)
         console.rule("plan")
         print_plan(plan, report, resources)
         if prepared.spec is not None and prepared.spec.backend == AUTO:
@@ -176,7 +181,8 @@ def run(job: Job, start_time: float, attempt: Path | None = None) -> dict[str, A
         return {**totals, "preflight_problems": report.problems}
     if not report.ok:
         raise PreflightError("; ".join(report.problems))
-    tracker = tracking.start(settings, job) if prepared.task.tracked else tracking.NoTracker()
+    print_changed(config, settings)
+    tracker = tracking.start(settings, job) if prepared.task.tracked else tracking.Trackers()
     status = "FAILED"
     try:
         task_run = started(prepared, job, tracker, resources, start_time, checkpoint, history)
@@ -193,7 +199,7 @@ def run(job: Job, start_time: float, attempt: Path | None = None) -> dict[str, A
 def started(
     prepared: Prepared,
     job: Job,
-    tracker: tracking.NoTracker | tracking.MlflowTracker,
+    tracker: tracking.Trackers,
     resources: machine.Resources,
     start_time: float,
     checkpoint: Path | None,

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runner.errors import RunnerError
-from runner.schema import CheckConfig
+from runner.schema import CheckConfig, CheckOn
 
 
 class CheckFailed(RunnerError):
@@ -37,6 +37,13 @@ class Check:
         return self.config.enabled and self.config.threshold is not None
 
     @property
+    def metric(self) -> str:
+        """Where `metric` is read: the training result, or (check.on=evaluation) the
+        evaluation's within it."""
+        on_evaluation = self.config.on == CheckOn.evaluation
+        return f"evaluation/{self.config.metric}" if on_evaluation else self.config.metric
+
+    @property
     def passed(self) -> bool:
         return self.env_steps_to_threshold is not None
 
@@ -45,13 +52,13 @@ class Check:
         if not self.active:
             return None
         config = self.config
-        if config.metric in metrics:  # absent when no episode ended (SAC, DQN): keep the last
-            self.value = metrics[config.metric]
+        if self.metric in metrics:  # absent when no episode ended (SAC, DQN): keep the last
+            self.value = metrics[self.metric]
             self.best = self.value if self.best is None else max(self.best, self.value)
         if self.value is not None and self.value >= config.threshold:
             self.env_steps_to_threshold, self.seconds_to_threshold = env_steps, seconds
             return (
-                f"check passed: {config.metric} {self.value:.1f} >= {config.threshold:g} "
+                f"check passed: {self.metric} {self.value:.1f} >= {config.threshold:g} "
                 f"at {env_steps:,.0f} env steps"
             )
         if config.env_steps is not None and env_steps >= config.env_steps:
@@ -61,13 +68,13 @@ class Check:
     def _shortfall(self) -> str:
         best = "no value" if self.best is None else f"best {self.best:.1f}"
         budget = f" within {self.config.env_steps:,} env steps" if self.config.env_steps else ""
-        return f"{self.config.metric} {best} < {self.config.threshold:g}{budget}"
+        return f"{self.metric} {best} < {self.config.threshold:g}{budget}"
 
     def to_dict(self) -> dict[str, Any]:
         """summary.json's `check` section."""
         return {
             "enabled": self.active,
-            "metric": self.config.metric,
+            "metric": self.metric,
             "threshold": self.config.threshold,
             "env_steps_budget": self.config.env_steps,
             "source": self.config.source,

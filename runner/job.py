@@ -20,3 +20,11 @@ class Job:
     choices: dict[str, Any] = field(default_factory=dict)
     sweep_dir: Path | None = None  # in a `-m` sweep
     number: int | None = None  # the job's number in its sweep
+
+    @property
+    def display_name(self) -> str:
+        """A tracked run's name: the run dir's, or a sweep job's number and overrides."""
+        if self.sweep_dir is None:
+            return self.run_dir.name
+        shown = [o for o in self.overrides if not o.startswith("logger")]
+        return f"job {self.number}: {' '.join(shown)}"

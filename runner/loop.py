@@ -4,7 +4,8 @@ task=train, each Ray Tune trial and both copies of the exploration bench drive a
 `Training`: one iteration at a time, each printed, appended to metrics.jsonl, TensorBoard
 and the tracker, checked for non-finite losses, gradient norms and returns
 (runner/guard.py), held against the pass criterion (`check.*`) and the stop criteria
-(`stop.*`), checkpointed every `checkpoint.every` iterations (whole or not at all:
+(`stop.*`), checkpointed every `checkpoint.every` iterations (whole or not at all, ranked
+by the evaluation return when `eval.every` evaluates during training:
 runner/results/checkpoints.py) and, with `record.every`, recorded to videos/
 (runner/video.py). `train` adds the watch (signals, the grace after one, the stall
 watchdog: runner/shutdown.py), the final checkpoint and the run's figures. A signal, a
@@ -72,10 +73,12 @@ def print_row(row: dict[str, Any]) -> None:
     """One line per iteration (the last known return mean, with its age when it is not
     this iteration's); a multi-agent run adds each policy's return mean."""
     per_policy = row["module_episode_returns_mean"] or {}
+    evaluated = row["eval_return_mean"]
     console.print(
         f"iter {row['iteration']:>4} | env steps {_fmt(row['env_steps'], ',.0f'):>10} | "
         f"return mean {_return_text(row)} | "
-        f"{_fmt(row['env_steps_per_s'], ',.0f'):>7} steps/s | {row['wall_seconds']:7.1f} s"
+        + ("" if evaluated is None else f"eval {evaluated:8.2f} | ")
+        + f"{_fmt(row['env_steps_per_s'], ',.0f'):>7} steps/s | {row['wall_seconds']:7.1f} s"
         + (
             " | " + ", ".join(f"{m} {_fmt(v, '.1f')}" for m, v in sorted(per_policy.items()))
             if len(per_policy) > 1
@@ -91,6 +94,8 @@ class Progress:
     check: Check
     rows: list[dict[str, Any]] = field(default_factory=list)
     best: float | None = None
+    best_eval: float | None = None
+    last_eval: float | None = None  # the newest evaluation return (eval.every)
     # finished | interrupted | aborted | stalled | non_finite | failed
     status: str = "finished"
     reason: str = ""
@@ -229,7 +234,7 @@ class Training:
         progress.rows.append(row)
         if self.metrics is not None:
             self.metrics.write(row, flat)
-        run.tracker.log_row(row)
+        run.tracker.log(row, flat)
         if not self.quiet:
             print_row(row)
         record_restarts(progress, result, row["iteration"])
@@ -241,9 +246,12 @@ class Training:
                 progress.end("non_finite", text)
                 return text  # before any checkpoint: the broken weights are never saved
             console.print(f"warning: {text} (guard.non_finite=warn: going on)")
-        ret = row["episode_return_mean"]
+        ret, evaluated = row["episode_return_mean"], row["eval_return_mean"]
         if ret is not None and (progress.best is None or ret > progress.best):
             progress.best = ret
+        if evaluated is not None:
+            progress.last_eval = evaluated
+            progress.best_eval = max(evaluated, progress.best_eval or evaluated)
         every = settings.checkpoint.every
         if every and algo.iteration % every == 0:
             self.save_checkpoint()
@@ -271,7 +279,8 @@ class Training:
         run_dir = self.run.run_dir
         if run_dir is None or not self.progress.rows:
             return None
-        row = self.progress.rows[-1]
+        row, progress = self.progress.rows[-1], self.progress
+        ranked_by = checkpoints.ranked_by(self.settings.eval.every)
         self.saved = checkpoints.save(
             self.algo,
             run_dir,
@@ -279,6 +288,11 @@ class Training:
                 "iteration": self.algo.iteration,
                 "env_steps": row["env_steps"],
                 "episode_return_mean": row["last_episode_return_mean"],
+                "eval_return_mean": progress.last_eval,
+                "ranked_by": ranked_by,
+                "score": progress.last_eval
+                if ranked_by == checkpoints.EVALUATION
+                else row["last_episode_return_mean"],
             },
             verify=lambda: learners_in_service(self.algo),
         )
@@ -425,6 +439,10 @@ def train(
         "final_episode_return_mean": last.get("last_episode_return_mean"),
         "final_module_episode_returns_mean": last.get("module_episode_returns_mean"),
         "best_episode_return_mean": progress.best,
+        "final_eval_return_mean": progress.last_eval,
+        "best_eval_return_mean": progress.best_eval,
+        "best_checkpoint": str(checkpoints.best(run_dir) or "") if run_dir else "",
+        "checkpoints_ranked_by": checkpoints.ranked_by(run.settings.eval.every),
         "wall_seconds": time.perf_counter() - run.start_time,
         "train_seconds": train_seconds,
         "env_steps_per_s": steps_this_run / train_seconds if train_seconds else None,

@@ -29,11 +29,19 @@ def is_search(path: Path) -> bool:
     return (path / SEARCH_DIR / "tuner.pkl").is_file()
 
 
+# A run dir's checkpoint to take: `<run dir>:latest` (the default) or `<run dir>:best`.
+LATEST, BEST = "latest", "best"
+
+
 def find_checkpoint(path_text: str, setting: str = "resume") -> tuple[Path, Path | None]:
     """(checkpoint dir, the run dir it belongs to) for a run dir or a checkpoint dir: the
-    run dir's newest complete checkpoint, checked against its manifest (checkpoints are
-    pickles: load only checkpoints you trust). `setting` names the path in messages."""
-    path = Path(path_text).expanduser()
+    run dir's newest complete checkpoint (`:best`: its best ranked, by evaluation return
+    or training return as its manifests say), checked against its manifest (checkpoints
+    are pickles: load only checkpoints you trust). `setting` names the path in messages."""
+    head, _, which = path_text.rpartition(":")
+    if not head or which not in (LATEST, BEST):
+        head, which = path_text, LATEST
+    path = Path(head).expanduser()
     if not path.exists():
         raise ConfigError(
             f"{setting} path '{path}' does not exist; pass a run dir (one with checkpoints/) "
@@ -44,7 +52,7 @@ def find_checkpoint(path_text: str, setting: str = "resume") -> tuple[Path, Path
     if (path / CHECKPOINT_FILE).is_file() or (path / MANIFEST).is_file():
         run_dir = path.parent.parent
         return checkpoints.verified(path), run_dir if (run_dir / ".hydra").is_dir() else None
-    checkpoint = checkpoints.latest(path)
+    checkpoint = checkpoints.best(path) if which == BEST else checkpoints.latest(path)
     if checkpoint is None:
         raise ConfigError(
             f"{setting} path '{path}' holds no checkpoint (no checkpoints/*/{CHECKPOINT_FILE}); "

@@ -190,6 +190,11 @@ class StopConfig:
     seconds: float | None = None
 
 
+class CheckOn(str, Enum):
+    training = "training"
+    evaluation = "evaluation"
+
+
 @dataclass
 class CheckConfig:
     """A pass criterion as RLlib's tuned examples state one: `metric` (a path into RLlib's
@@ -202,6 +207,25 @@ class CheckConfig:
     threshold: float | None = None
     env_steps: int | None = None
     source: str = ""  # where the criterion is stated, e.g. RLlib's tuned example file
+    # training: `metric` in the training result; evaluation: in the result of evaluation
+    # during training (eval.*), e.g. the greedy policy's return.
+    on: CheckOn = CheckOn.training
+
+
+@dataclass
+class EvalConfig:
+    """Evaluation during training (AlgorithmConfig.evaluation): every `every` iterations
+    (0: none), `episodes` whole episodes, greedy unless `explore`; `parallel` runs it beside
+    the iteration's training (RLlib's evaluation_parallel_to_training, on evaluation
+    EnvRunners), on `num_env_runners` EnvRunners of its own (0: one in the driver). Its
+    return goes on the progress line, into metrics, summary.json and every logger, and
+    ranks the checkpoints kept as best."""
+
+    every: int = 0
+    episodes: int = 10
+    explore: bool = False
+    parallel: bool = False
+    num_env_runners: int = 0
 
 
 @dataclass
@@ -231,8 +255,9 @@ class PreflightConfig:
 class CheckpointConfig:
     every: int = 10  # iterations; 0 = only at the end
     at_end: bool = True
-    # Keep the newest `keep` checkpoints (null: all) and the `keep_best` ones with the
-    # highest episode return mean; the rest are removed as the run goes.
+    # Keep the newest `keep` checkpoints (null: all) and the `keep_best` best ones (by the
+    # evaluation return with eval.every, else by the training return mean); the rest are
+    # removed as the run goes.
     keep: int | None = 3
     keep_best: int = 1
 
@@ -305,16 +330,45 @@ class SearchConfig:
 
 
 @dataclass
-class LoggerConfig:
-    """Experiment tracking beside the run dir: `none`, or `mlflow` (runner/results/tracking.py).
+class MlflowConfig:
+    """logger=mlflow (runner/results/tracking.py). `tracking_uri: null` is a local store
+    under outputs/ (SQLite: MLflow 3 refuses its file store); `experiment_name: null` is
+    `runner` for a run, the sweep dir's name for a sweep's jobs, the run dir's name for a
+    search's trials."""
 
-    `tracking_uri: null` is a local store under outputs/ (SQLite: MLflow 3 refuses its file
-    store); `experiment_name: null` is `runner` for a run, the sweep dir's name for a
-    sweep's jobs, the run dir's name for a search's trials."""
-
-    name: str = "none"
     tracking_uri: str | None = None
     experiment_name: str | None = None
+
+
+class WandbMode(str, Enum):
+    online = "online"  # needs a login (`wandb login` or WANDB_API_KEY)
+    offline = "offline"  # written under the run dir's wandb/; `wandb sync` uploads it
+    disabled = "disabled"
+
+
+@dataclass
+class WandbConfig:
+    """logger=wandb (runner/results/wandb_logger.py). `group: null` is the sweep dir for a
+    sweep's jobs, the run dir for a search's trials, none for a run."""
+
+    project: str = "rllib-runner"
+    entity: str | None = None
+    group: str | None = None
+    tags: list[str] = field(default_factory=list)
+    mode: WandbMode = WandbMode.online
+
+
+@dataclass
+class LoggerConfig:
+    """Where each iteration's metrics go besides the run dir and TensorBoard (always on):
+    any of `logger=[mlflow,wandb]`; each option fills its own section."""
+
+    mlflow: MlflowConfig | None = None
+    wandb: WandbConfig | None = None
+
+    @property
+    def names(self) -> list[str]:
+        return [name for name in ("mlflow", "wandb") if getattr(self, name) is not None]
 
 
 @dataclass
@@ -358,6 +412,7 @@ class RunnerConfig:
     task: TaskSettings = MISSING
     stop: StopConfig = field(default_factory=StopConfig)
     check: CheckConfig = field(default_factory=CheckConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     ray: RayConfig = field(default_factory=RayConfig)
     preflight: PreflightConfig = field(default_factory=PreflightConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)

@@ -14,10 +14,9 @@ from runner.compile import settings as compile_settings
 from runner.compile.settings import CompileSpec
 from runner.envs import check_spelling
 from runner.errors import ConfigError
-from runner.schema import AUTO, RunnerConfig, ScalingConfig
+from runner.schema import AUTO, CheckOn, LoggerConfig, RunnerConfig, ScalingConfig
 from runner.tasks.base import Task
 
-LOGGERS = ("none", "mlflow")
 # Scaling keys that must be whole numbers >= this bound (RLlib itself does not check).
 _COUNT_MINIMUM = {"num_env_runners": 0, "num_envs_per_env_runner": 1, "num_learners": 0}
 
@@ -49,6 +48,8 @@ def check_run(settings: RunnerConfig) -> None:
         "stop.seconds": stop.seconds,
         "checkpoint.every": checkpoint.every,
         "check.env_steps": settings.check.env_steps,
+        "eval.every": settings.eval.every,
+        "eval.num_env_runners": settings.eval.num_env_runners,
         "ray.num_cpus": settings.ray.num_cpus,
         "ray.num_gpus": settings.ray.num_gpus,
     }
@@ -70,10 +71,28 @@ def check_run(settings: RunnerConfig) -> None:
             f"record.every={record.every} (0: no video) and record.episodes="
             f"{record.episodes} (at least 1) are out of range"
         )
-    if settings.logger.name not in LOGGERS:
+    if settings.eval.episodes < 1:
+        raise ConfigError(f"eval.episodes must be >= 1, got {settings.eval.episodes}")
+    if settings.eval.parallel and not settings.eval.num_env_runners:
         raise ConfigError(
-            f"unknown logger.name '{settings.logger.name}'; use {' or '.join(LOGGERS)}"
+            "eval.parallel=true evaluates on EnvRunners of its own beside training: set "
+            "eval.num_env_runners >= 1"
         )
+    check = settings.check
+    if check.on == CheckOn.evaluation and check.enabled and not settings.eval.every:
+        raise ConfigError(
+            "check.on=evaluation reads the evaluation during training: set eval.every "
+            "(e.g. eval.every=5)"
+        )
+    check_loggers(settings.logger)
+
+
+def check_loggers(logger: LoggerConfig) -> None:
+    """Each chosen logger can start: its package is installed, a W&B login for online."""
+    if logger.wandb is not None:
+        from runner.results import wandb_logger
+
+        wandb_logger.check_ready(logger.wandb)
 
 
 def validate(settings: RunnerConfig, task: Task) -> tuple[CompileSpec | None, list[str]]:

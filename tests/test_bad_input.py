@@ -28,6 +28,14 @@ CASES = {
         "ray.address=127.0.0.1:1: no Ray cluster answers there ([Errno 111] Connection refused)"
         ": start one (ray start --head) or pass ray.address=local",
     ),
+    "W&B online without a login": (
+        ["logger=wandb"],
+        "logger=wandb with logger.wandb.mode=online needs a W&B login: run `wandb login`",
+    ),
+    "parallel evaluation without its EnvRunners": (
+        ["eval.every=1", "eval.parallel=true"],
+        "set eval.num_env_runners >= 1",
+    ),
     "negative stop criterion": (["stop.iterations=-3"], "stop.iterations must be >= 0"),
     "unknown env id": (["env.id=CartPol-v1"], "did you mean CartPole-v1"),
     "unknown env wrapper": (

@@ -151,6 +151,7 @@ def test_sigterm_keeps_the_last_iteration_and_resume_continues(tmp_path: Path, c
     assert cli.left_behind() == []
     summary = _summary(run)
     assert summary["status"] == "interrupted" and summary["signal"] == "SIGTERM"
+    assert (run / "learning_curve.png").stat().st_size > 1000  # drawn on a signal too
     last = summary["iterations"]
     assert last >= 2
     rows = _jsonl(run / "metrics.jsonl")
@@ -394,6 +395,7 @@ def test_killed_learner_fails_the_run_and_keeps_the_checkpoints(tmp_path: Path):
     summary = _summary(run)
     assert summary["status"] == "failed" and summary["stop_reason"] in error
     assert checkpoints.complete(run) and checkpoints.problem(checkpoints.latest(run)) is None
+    assert (run / "learning_curve.png").stat().st_size > 1000  # drawn on a crash too
     assert cli.left_behind() == []
     newest = checkpoints.latest(run).name
     record(
@@ -616,7 +618,7 @@ resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))
 log = MetricsLog(Path({str(tmp_path)!r}))
 for i in range(100):
     try:
-        log.write({{"iteration": i}}, {{"x": 1.5}})
+        log.write({{"iteration": i, "env_steps": 10 * i}}, {{"x": 1.5, "y": i}})
     except OSError as ex:
         print("stopped at", i, ex.errno)
         break
@@ -626,6 +628,10 @@ for i in range(100):
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines(keepends=True)
     assert lines and all(line.endswith("\n") for line in lines)
     assert [json.loads(line)["iteration"] for line in lines] == list(range(len(lines)))
+    text = (tmp_path / "progress.csv").read_bytes().decode()  # csv's own \r\n line ends
+    rows = text.splitlines()
+    assert text.endswith("\r\n") and rows[0] == "x,y"
+    assert [row.split(",")[1] for row in rows[1:]] == [str(i) for i in range(len(rows) - 1)]
 
 
 def test_guard_watches_losses_gradient_norms_and_returns():

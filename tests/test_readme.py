@@ -264,11 +264,19 @@ WAYS: dict[str, Way] = {
     "python -m runner experiment=best 'hydra.searchpath=[file://outputs/search]'": Way(
         ("stop.iterations=1", "hydra.run.dir=outputs/best"), expect="done (iterations 1 >= 1)"
     ),
-    "python -m runner logger=mlflow": Way(
-        (*SMALL_BATCH, "stop.iterations=2", "hydra.run.dir=outputs/tracked"),
-        expect="done (iterations 2 >= 2)",
+    # 4 small iterations, each evaluated (2 episodes) and checkpointed; the newest and
+    # the best evaluated checkpoint kept.
+    "python -m runner 'logger=[mlflow,wandb]' logger.wandb.mode=offline eval.every=5 "
+    "eval.episodes=10 hydra.run.dir=outputs/tracked": Way(
+        (*SMALL_BATCH, "stop.iterations=4", "eval.every=1", "eval.episodes=2")
+        + ("checkpoint.every=1", "checkpoint.keep=1"),
+        expect="done (iterations 4 >= 4)",
     ),
-    "python -m runner -m logger=mlflow seed=1,2": Way(
+    "python -m runner task=evaluate checkpoint=outputs/tracked:best "
+    "hydra.run.dir=outputs/tracked_eval": Way(
+        ("task.episodes=2",), expect="evaluated 2 episodes (greedy)"
+    ),
+    "python -m runner -m 'logger=[mlflow,wandb]' logger.wandb.mode=offline seed=1,2": Way(
         (*SMALL_BATCH, "stop.iterations=2", "hydra.sweep.dir=outputs/tracked_sweep"),
         expect="sweep: 2 jobs, 0 failed",
     ),
@@ -429,7 +437,9 @@ def serve_tensorboard(command: str, cwd: Path, env: dict[str, str]) -> str:
         proc.wait(timeout=30)
 
 
-def run_block(commands_in_block: list[str], cwd: Path) -> None:
+def run_block(commands_in_block: list[str], cwd: Path) -> dict[str, str]:
+    """Each command as its Way says, checked; what each printed (stdout, then stderr)."""
+    printed = {}
     for command in commands_in_block:
         way = WAYS[command]
         if way is SET_UP:
@@ -447,12 +457,13 @@ def run_block(commands_in_block: list[str], cwd: Path) -> None:
             proc = subprocess.run(
                 ["bash", "-c", line], cwd=at, env=env, capture_output=True, text=True, timeout=600
             )
-        out = proc.stdout + proc.stderr
+        out = printed[command] = proc.stdout + proc.stderr
         assert proc.returncode == way.code, f"{line}\n{out[-3000:]}"
         assert way.expect in out, f"{line}\n{out[-3000:]}"
         if way.code == 2:
             assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
         assert "Traceback" not in out, f"{line}\n{out[-3000:]}"
+    return printed
 
 
 def as_user_dir(path: Path) -> Path:

@@ -46,6 +46,7 @@ LAYERS = [
         "results.jobs",
         "results.seeds",
         "results.tracking",
+        "results.wandb_logger",
         "results.trials",
         "shutdown",
         "resume",

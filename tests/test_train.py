@@ -42,6 +42,7 @@ def test_iterations_without_an_episode_carry_the_last_known_return(capsys):
             "env_steps_per_s": 50.0,
             "wall_seconds": 1.0,
             "module_episode_returns_mean": None,
+            "eval_return_mean": None,
         }
         carry_last_return(row, rows[-1] if rows else None)
         rows.append(row)
@@ -84,6 +85,9 @@ def test_same_seed_without_env_runner_actors_gives_identical_metrics(cli):
     other = cli(*common, "seed=4", run_dir="c")
     for result in (first, second, other):
         assert result.returncode == 0, result.stderr
+    # What the run runs: the AlgorithmConfig's changes, once, before the first iteration.
+    assert first.stdout.count("settings that differ from RLlib") == 1
+    assert first.stdout.index('"seed": 3') < first.stdout.index("iter    1")
     figures = _learning_figures(first.jsonl("metrics.jsonl"))
     assert len(figures) == 2 and "learners/default_policy/total_loss" in figures[0]
     assert figures == _learning_figures(second.jsonl("metrics.jsonl"))

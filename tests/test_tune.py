@@ -1,9 +1,11 @@
 """Search and track, for real. The README's "Search and track" commands run here (a Ray
 Tune search of 4 tiny PPO CartPole trials, 2 at a time, logged to MLflow's default local
-store; its resume; its best trial as an experiment; a training run and a 2-job sweep
-logged to MLflow), then what they wrote is read back: trials.csv and Tune's own
-experiment, best.yaml, and MLflow's runs with its own client. A search interrupted with
-SIGINT is continued with resume=. Bad input of the search: one line each."""
+store; its resume; its best trial as an experiment; a training run evaluated during
+training and logged to MLflow and an offline W&B run at once, then evaluated from its best
+checkpoint; a 2-job sweep logged to both), then what they wrote is read back: trials.csv
+and Tune's own experiment, best.yaml, MLflow's runs with its own client, the W&B runs'
+records, progress.csv and TensorBoard's events. A search interrupted with SIGINT is
+continued with resume=. Bad input of the search: one line each."""
 
 from __future__ import annotations
 
@@ -21,9 +23,17 @@ from cli_forks import run_many
 from conftest import compose_config, run_cli
 from mlflow.tracking import MlflowClient
 from readme import commands
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from test_readme import run_block
+from wandb_records import offline_run
+
+from runner.results import checkpoints
+from runner.schema import typed
+from runner.tasks.tune import _callbacks
 
 README_SECTION = "Search and track"
+RETURN = "env_runners/episode_return_mean"
+EVAL_RETURN = f"evaluation/{RETURN}"
 KEYS = [
     "algo.training.lr",
     "algo.training.minibatch_size",
@@ -46,9 +56,21 @@ def _rows(path: Path) -> list[dict[str, str]]:
 
 @pytest.fixture(scope="module")
 def outputs(tmp_path_factory) -> Path:
+    """The section's outputs/ dir; beside it, printed.json: what each command printed."""
     cwd = tmp_path_factory.mktemp("readme")
-    run_block([c.text for c in commands() if c.section == README_SECTION], cwd)
+    printed = run_block([c.text for c in commands() if c.section == README_SECTION], cwd)
+    (cwd / "printed.json").write_text(json.dumps(printed))
     return cwd / "outputs"
+
+
+def printed(outputs: Path, fragment: str) -> str:
+    """What the section's command containing `fragment` printed."""
+    (out,) = [
+        o
+        for c, o in json.loads((outputs.parent / "printed.json").read_text()).items()
+        if fragment in c
+    ]
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -135,8 +157,10 @@ def test_mlflow_holds_the_training_run_with_params_metrics_and_artifacts(
     outputs: Path, mlflow_client
 ):
     experiment = mlflow_client.get_experiment_by_name("runner")
-    (run,) = mlflow_client.search_runs([experiment.experiment_id])
-    assert run.info.run_name == "tracked" and run.info.status == "FINISHED"
+    runs = mlflow_client.search_runs([experiment.experiment_id])
+    assert sorted(r.info.run_name for r in runs) == ["tracked", "tracked_eval"]
+    (run,) = [r for r in runs if r.info.run_name == "tracked"]
+    assert run.info.status == "FINISHED"
     params = run.data.params
     assert params["algo.name"] == "PPO" and params["scaling.num_envs_per_env_runner"] == "8"
     assert params["algo.training.train_batch_size_per_learner"] == "400"
@@ -148,10 +172,13 @@ def test_mlflow_holds_the_training_run_with_params_metrics_and_artifacts(
         "compile": "off",
     }
     lines = [json.loads(line) for line in (outputs / "tracked" / "metrics.jsonl").open()]
-    history = mlflow_client.get_metric_history(run.info.run_id, "episode_return_mean")
-    assert [(m.step, m.value) for m in history] == [
-        (r["iteration"], pytest.approx(r["episode_return_mean"])) for r in lines
-    ]
+    for name in (RETURN, EVAL_RETURN, "training_iteration"):
+        history = mlflow_client.get_metric_history(run.info.run_id, name)
+        assert [(m.step, m.value) for m in history] == [
+            (r["env_steps"], pytest.approx(r["metrics"][name])) for r in lines
+        ]
+    # Every metric, under RLlib's names (W&B's: below).
+    assert set(run.data.metrics) == {k for r in lines for k in r["metrics"]}
     artifacts = {a.path for a in mlflow_client.list_artifacts(run.info.run_id)}
     assert {"summary.json", "plan.json", "learning_curve.png"} <= artifacts
     local = Path(mlflow_client.download_artifacts(run.info.run_id, "summary.json"))
@@ -168,8 +195,104 @@ def test_mlflow_holds_a_sweep_as_one_experiment_with_a_run_per_job(outputs: Path
     for run in runs:
         assert run.info.status == "FINISHED"
         assert run.info.run_name.startswith(f"job {int(run.data.params['seed']) - 1}: ")
-        steps = [m.step for m in mlflow_client.get_metric_history(run.info.run_id, "env_steps")]
-        assert steps == [1, 2]
+        history = mlflow_client.get_metric_history(run.info.run_id, "training_iteration")
+        assert [m.value for m in history] == [1, 2]
+    # Each job's W&B run, grouped by the sweep.
+    for job in ("0", "1"):
+        recorded = offline_run(outputs / "tracked_sweep" / job)
+        assert recorded["group"] == "outputs/tracked_sweep" and len(recorded["history"]) == 2
+
+
+def _lines(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").open()]
+
+
+@pytest.mark.slow  # its module's trained run
+def test_wandb_gets_every_metric_under_rllibs_names_on_env_steps(outputs: Path):
+    run = outputs / "tracked"
+    lines = _lines(run)
+    steps = [line["env_steps"] for line in lines]
+    assert len(lines) == 4 and steps == sorted(set(steps))
+    recorded = offline_run(run)
+    assert recorded["project"] == "rllib-runner" and recorded["exit_code"] == 0
+    assert recorded["config"]["algo"]["name"] == "PPO"
+    history = recorded["history"]
+    assert [h["_step"] for h in history] == steps
+    for h, line in zip(history, lines, strict=True):
+        assert {k: v for k, v in h.items() if not k.startswith("_")} == pytest.approx(
+            line["metrics"]
+        )
+    summary = json.loads((run / "summary.json").read_text())
+    assert recorded["summary"]["status"] == "FINISHED"
+    assert recorded["summary"]["best_eval_return_mean"] == pytest.approx(
+        summary["best_eval_return_mean"]
+    )
+    events = EventAccumulator(str(run / "tensorboard"))
+    events.Reload()
+    assert [e.step for e in events.Scalars(EVAL_RETURN)] == steps
+
+
+@pytest.mark.slow  # its module's trained run
+def test_progress_csv_has_a_row_per_iteration_and_a_column_per_metric(outputs: Path):
+    lines = _lines(outputs / "tracked")
+    with (outputs / "tracked" / "progress.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["training_iteration"]) for r in rows] == [1, 2, 3, 4]
+    assert set(rows[0]) == {k for line in lines for k in line["metrics"]}
+    assert [float(r[EVAL_RETURN]) for r in rows] == pytest.approx(
+        [line["metrics"][EVAL_RETURN] for line in lines]
+    )
+
+
+@pytest.mark.slow  # its module's trained run
+def test_evaluation_during_training_is_on_the_progress_line_and_in_the_summary(outputs: Path):
+    run = outputs / "tracked"
+    returns = [line["eval_return_mean"] for line in _lines(run)]
+    assert all(r is not None for r in returns)
+    out = printed(outputs, "eval.every=5")
+    rows = [line for line in out.splitlines() if line.startswith("iter ")]
+    assert all(f"eval {r:8.2f} |" in row for r, row in zip(returns, rows, strict=True))
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["best_eval_return_mean"] == pytest.approx(max(returns))
+    assert summary["final_eval_return_mean"] == pytest.approx(returns[-1])
+    assert summary["checkpoints_ranked_by"] == "evaluation"
+    # The AlgorithmConfig's changes, once, before the first iteration.
+    assert out.count("settings that differ from RLlib") == 1
+    assert out.index('"evaluation_interval": 1') < out.index("iter    1")
+    assert (run / "learning_curve.png").stat().st_size > 1000
+
+
+@pytest.mark.slow  # its module's trained run
+def test_the_best_checkpoint_is_the_best_evaluated_and_evaluate_takes_it(outputs: Path):
+    run = outputs / "tracked"
+    lines = _lines(run)
+    best = max(lines, key=lambda line: line["eval_return_mean"])["iteration"]
+    kept = checkpoints.complete(run)  # keep=1: the newest; keep_best=1: the best
+    assert kept == sorted({checkpoints.checkpoint_dir(run, i) for i in (best, 4)})
+    best_dir = checkpoints.checkpoint_dir(run, best)
+    assert checkpoints.best(run) == best_dir
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["best_checkpoint"] == str(best_dir.resolve())
+    evaluated = json.loads((outputs / "tracked_eval" / "eval.json").read_text())
+    assert evaluated["checkpoint"] == str(best_dir.resolve())
+
+
+def test_a_search_logs_each_trial_through_tunes_own_wandb_callback():
+    from ray.air.integrations.wandb import WandbLoggerCallback
+
+    from runner.tasks.base import TaskRun
+
+    overrides = ["task=tune", "search=ppo_cartpole", "logger=wandb", "logger.wandb.mode=offline"]
+    settings = typed(compose_config([*overrides, "logger.wandb.tags=[nightly]"]))
+    run = TaskRun(settings, None, None, Path("outputs/search"), {}, 0.0)  # type: ignore[arg-type]
+    (callback,) = _callbacks(run, None)
+    assert isinstance(callback, WandbLoggerCallback)
+    assert callback.project == "rllib-runner" and callback.group == "outputs/search"
+    assert callback.kwargs == {
+        "entity": None,
+        "tags": ["nightly", "PPO", "CartPole-v1"],
+        "mode": "offline",
+    }
 
 
 def _wait_for_results(tune_dir: Path, lines: int, timeout: float) -> None:
@@ -284,10 +407,10 @@ BAD = {
         "set stop.env_steps or stop.iterations",
     ),
     "an unreachable tracking server": (
-        ["logger=mlflow", "logger.tracking_uri=http://127.0.0.1:9"],
+        ["logger=mlflow", "logger.mlflow.tracking_uri=http://127.0.0.1:9"],
         "logger=mlflow: cannot reach the tracking store http://127.0.0.1:9",
     ),
-    "an unknown logger": (["logger=wandb"], "unknown option 'wandb' for config group 'logger'"),
+    "an unknown logger": (["logger=neptune"], "unknown option 'neptune' for config group 'logger'"),
 }
 
 

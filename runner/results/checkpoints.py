@@ -23,6 +23,9 @@ from runner.results.files import versions, write_json
 CHECKPOINT_FILE = "rllib_checkpoint.json"  # RLlib's own marker
 MANIFEST = "manifest.json"  # ours, written last
 CHECKPOINTS = "checkpoints"
+# What ranks a run's checkpoints for checkpoint.keep_best and `:best`: the return of the
+# evaluation during training (eval.every), else the training return mean.
+EVALUATION, TRAINING = "evaluation", "training"
 
 
 class CorruptCheckpoint(RunnerError):
@@ -107,6 +110,24 @@ def latest(run_dir: Path) -> Path | None:
     return legacy[-1].parent if legacy else None
 
 
+def ranked_by(eval_every: int) -> str:
+    return EVALUATION if eval_every else TRAINING
+
+
+def score(checkpoint: Path) -> float:
+    """What ranks `checkpoint`: its manifest's score (the training return mean in a
+    manifest written before scores); -inf without one."""
+    found = manifest(checkpoint) or {}
+    value = found.get("score", found.get("episode_return_mean"))
+    return float("-inf") if value is None else value
+
+
+def best(run_dir: Path) -> Path | None:
+    """The complete checkpoint with the highest score (the newest among equals)."""
+    found = complete(run_dir)
+    return max(reversed(found), key=score) if found else None
+
+
 def newest_good(run_dir: Path, before: Path | None = None) -> Path | None:
     """The newest checkpoint of `run_dir` that verifies, older than `before` if given."""
     for checkpoint in reversed(complete(run_dir)):
@@ -133,17 +154,12 @@ def verified(checkpoint: Path) -> Path:
 
 def prune(run_dir: Path, keep: int | None, keep_best: int) -> list[Path]:
     """Remove all but the newest `keep` checkpoints and the `keep_best` ones with the
-    highest episode return mean (None keeps all); return the removed ones."""
+    highest score (None keeps all); return the removed ones."""
     if keep is None:
         return []
     found = complete(run_dir)
     kept = set(found[-keep:] if keep else [])
-
-    def score(p: Path) -> float:
-        value = (manifest(p) or {}).get("episode_return_mean")
-        return float("-inf") if value is None else value
-
-    kept.update(sorted(found, key=score, reverse=True)[:keep_best])
+    kept.update(sorted(reversed(found), key=score, reverse=True)[:keep_best])
     removed = [p for p in found if p not in kept]
     for p in removed:
         shutil.rmtree(p)

@@ -1,5 +1,5 @@
-"""What a run leaves on disk: JSON and CSV files, metrics.jsonl and TensorBoard events
-(checkpoints: runner/results/checkpoints.py).
+"""What a run leaves on disk: JSON and CSV files, metrics.jsonl, progress.csv and
+TensorBoard events (checkpoints: runner/results/checkpoints.py).
 
 Every file is written as the run goes (metrics each iteration), whole or not at all: JSON
 files through a temporary file and a rename, metrics.jsonl a whole line at a time. A
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import enum
+import io
 import json
 import math
 import numbers
@@ -40,6 +41,8 @@ HEADLINE = {
     "iteration_seconds": ("time_this_iter_s",),
     # Per module (policy) id: in a multi-agent run, each policy's own return.
     "module_episode_returns_mean": ("env_runners", "module_episode_returns_mean"),
+    # Evaluation during training (eval.every): absent from the iterations without one.
+    "eval_return_mean": ("evaluation", "env_runners", "episode_return_mean"),
 }
 
 
@@ -66,15 +69,23 @@ def json_safe(value: Any) -> Any:
     return repr(value)
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write `text` to a temporary file beside `path`, then rename it over `path`: a
+def write_atomic_bytes(path: Path, data: bytes) -> None:
+    """Write `data` to a temporary file beside `path`, then rename it over `path`: a
     reader (or a run killed half-way) sees the old file or the new one, never a part."""
     temporary = path.with_name(f".{path.name}.tmp")
-    with temporary.open("w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with temporary.open("wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError:
+        temporary.unlink(missing_ok=True)
+        raise
     os.replace(temporary, path)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    write_atomic_bytes(path, text.encode())
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -90,7 +101,8 @@ def write_csv(path: Path, rows: list[dict[str, Any]], columns: Any = None) -> No
 
 
 def flatten_numbers(result: dict, prefix: str = "") -> dict[str, float]:
-    """{'a/b/c': number} for every finite number in a nested result dict."""
+    """{'a/b/c': number} for every finite number in a nested result dict (counts stay
+    whole)."""
     flat: dict[str, float] = {}
     for key, value in result.items():
         name = f"{prefix}{key}"
@@ -101,7 +113,7 @@ def flatten_numbers(result: dict, prefix: str = "") -> dict[str, float]:
             and not isinstance(value, bool)
             and math.isfinite(float(value))
         ):
-            flat[name] = float(value)
+            flat[name] = int(value) if isinstance(value, numbers.Integral) else float(value)
     return flat
 
 
@@ -111,6 +123,11 @@ def _dig(result: dict, path: tuple[str, ...]) -> Any:
             return None
         result = result[key]
     return result
+
+
+def env_step(row: dict[str, Any]) -> int:
+    """A logged iteration's step (TensorBoard's, MLflow's, W&B's): the env steps so far."""
+    return int(row["env_steps"] or 0)
 
 
 def headline(result: dict, wall_seconds: float) -> dict[str, Any]:
@@ -124,41 +141,82 @@ def headline(result: dict, wall_seconds: float) -> dict[str, Any]:
     return row
 
 
-class MetricsLog:
-    """metrics.jsonl (one line per iteration) and TensorBoard events, side by side.
+def append_whole(fd: int, data: bytes, name: str) -> None:
+    """`data` at the end of the file open at `fd` in one `os.write`, or not at all: a write
+    cut short (a full disk) is truncated away, so the file holds only whole lines."""
+    size = os.fstat(fd).st_size
+    try:
+        written = os.write(fd, data)
+    except OSError:
+        os.ftruncate(fd, size)
+        raise
+    if written != len(data):
+        os.ftruncate(fd, size)
+        raise OSError(f"{name}: wrote {written} of {len(data)} bytes (disk full?)")
 
-    Each line goes to the file in one `os.write`; a write cut short (a full disk) is
-    truncated away, so the file only ever holds whole lines."""
+
+def _csv_text(rows: list[dict[str, Any]], columns: list[str], header: bool) -> bytes:
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=columns, extrasaction="ignore")
+    if header:
+        writer.writeheader()
+    writer.writerows(rows)
+    return text.getvalue().encode()
+
+
+class MetricsLog:
+    """metrics.jsonl (one line per iteration, the headline row and RLlib's metrics),
+    progress.csv (a row per iteration, a column per RLlib metric, for pandas) and
+    TensorBoard events (RLlib's names, the env steps sampled so far as the step).
+
+    Both files only ever hold whole lines (`append_whole`). progress.csv gets a row
+    appended while its columns hold, and is rewritten whole (through a rename) when an
+    iteration brings a metric the earlier ones lacked (the first evaluation, the first
+    episode's end)."""
 
     def __init__(self, run_dir: Path, history: Sequence[str] = ()) -> None:
         self._fd = os.open(run_dir / "metrics.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        self._csv = run_dir / "progress.csv"
+        self._csv_fd: int | None = None
+        self._rows: list[dict[str, float]] = []
+        self._columns: list[str] = []
         for line in history:  # an interrupted sweep job's iterations up to its checkpoint
             self._append(line)
+            self._rows.append(json.loads(line)["metrics"])
+        if self._rows:
+            self._rewrite_csv()
         from tensorboardX import SummaryWriter  # here: its import costs every other job
 
         self._tb = SummaryWriter(logdir=str(run_dir / "tensorboard"), flush_secs=10)
 
     def _append(self, line: str) -> None:
-        data = (line.rstrip("\n") + "\n").encode()
-        size = os.fstat(self._fd).st_size
-        try:
-            written = os.write(self._fd, data)
-        except OSError:
-            os.ftruncate(self._fd, size)
-            raise
-        if written != len(data):
-            os.ftruncate(self._fd, size)
-            raise OSError(f"metrics.jsonl: wrote {written} of {len(data)} bytes (disk full?)")
+        append_whole(self._fd, (line.rstrip("\n") + "\n").encode(), "metrics.jsonl")
 
     def write(self, row: dict[str, Any], metrics: dict[str, float]) -> None:
         """One iteration: its headline `row` and RLlib's result as `flatten_numbers` gives it."""
         self._append(json.dumps({**row, "metrics": metrics}))
+        self._rows.append(metrics)
+        if self._csv_fd is not None and metrics.keys() <= set(self._columns):
+            append_whole(self._csv_fd, _csv_text([metrics], self._columns, False), "progress.csv")
+        else:
+            self._rewrite_csv()
         for name, value in metrics.items():
-            self._tb.add_scalar(name, value, global_step=row["iteration"])
+            self._tb.add_scalar(name, value, global_step=env_step(row))
         self._tb.flush()
+
+    def _rewrite_csv(self) -> None:
+        """progress.csv whole, its columns every metric seen so far (in first-seen order)."""
+        self._columns = list(dict.fromkeys(k for metrics in self._rows for k in metrics))
+        if self._csv_fd is not None:
+            os.close(self._csv_fd)
+            self._csv_fd = None
+        write_atomic_bytes(self._csv, _csv_text(self._rows, self._columns, True))
+        self._csv_fd = os.open(self._csv, os.O_WRONLY | os.O_APPEND)
 
     def close(self) -> None:
         os.close(self._fd)
+        if self._csv_fd is not None:
+            os.close(self._csv_fd)
         self._tb.close()
 
 

@@ -127,3 +127,24 @@ def curve_band(
     ax.set_title(title, fontsize=8)
     ax.legend(fontsize=7)
     return save(plt, fig, path)
+
+
+def learning_curve(
+    path: Path,
+    training: list[tuple[float, float]],
+    evaluation: list[tuple[float, float]],
+    threshold: float | None,
+) -> Path:
+    """A run's return against env steps: training's (last known) mean, evaluation's when
+    it evaluated during training, and the check's threshold as a dashed line."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot([x for x, _ in training], [y for _, y in training], label="training return mean")
+    if evaluation:
+        xs, ys = [x for x, _ in evaluation], [y for _, y in evaluation]
+        ax.plot(xs, ys, "o-", label="evaluation return mean")
+    if threshold is not None:
+        ax.axhline(threshold, color="black", linestyle="--", linewidth=0.8, label="threshold")
+    ax.set(xlabel="env steps", ylabel="episode return mean")
+    ax.legend(fontsize=7)
+    return save(plt, fig, path)

@@ -1,11 +1,15 @@
-"""Experiment tracking beside the run dir (`logger=`): nothing, or MLflow.
+"""Experiment tracking beside the run dir and its TensorBoard events (`logger=`): any of
+MLflow and Weights & Biases (runner/results/wandb_logger.py), each fed the same metrics.
+
+Every logger gets every numeric metric of each iteration under RLlib's own names
+(`env_runners/episode_return_mean`), with the env steps sampled so far as its step and
+the iteration as the metric `training_iteration`.
 
 With `logger=mlflow` a run becomes one MLflow run: the flattened composed config as
-params; task, algo, env, hardware and compile as tags; each iteration's headline figures
-as metrics at its iteration; summary.json, plan.json (and eval.json, trials.csv) and the
-plots as artifacts when it ends, with its status. A sweep's jobs share one MLflow
-experiment named after the sweep dir; a search logs one run per trial through Ray Tune's
-own `MLflowLoggerCallback` (runner/tasks/tune.py).
+params; task, algo, env, hardware and compile as tags; the metrics; summary.json,
+plan.json (and eval.json, trials.csv) and the plots as artifacts when it ends, with its
+status. A sweep's jobs share one MLflow experiment named after the sweep dir; a search
+logs one run per trial through Ray Tune's own `MLflowLoggerCallback` (runner/tasks/tune.py).
 
 The default store is a SQLite file under outputs/ (MLflow 3 refuses its file store),
 with artifacts beside it: no server to start.
@@ -13,9 +17,9 @@ with artifacts beside it: no server to start.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -24,14 +28,17 @@ from omegaconf import DictConfig, OmegaConf
 
 from runner.errors import ConfigError, one_line
 from runner.job import Job
-from runner.results import plots
+from runner.results.files import env_step
 from runner.schema import RunnerConfig
 
 DEFAULT_STORE = Path("outputs")
 ARTIFACTS = ("summary.json", "plan.json", "eval.json", "bench.json", "trials.csv")
-# MLflow's limits: values per param, entries per log_batch call.
+# MLflow's limits: values per param, params and metrics per log_batch call.
 MAX_PARAM_CHARS = 6000
 BATCH = 100
+METRIC_BATCH = 1000
+# MLflow takes these in a metric name; RLlib's names use no others, a user's module id may.
+NOT_IN_A_METRIC_NAME = re.compile(r"[^\w\-. :/]")
 log = logging.getLogger("runner")
 
 
@@ -59,9 +66,10 @@ def artifact_root(uri: str | None, experiment: str) -> str | None:
 
 
 def experiment_name(settings: RunnerConfig, job: Job) -> str:
-    """logger.experiment_name, else the sweep dir for a sweep's jobs, else `runner`."""
-    if settings.logger.experiment_name:
-        return settings.logger.experiment_name
+    """logger.mlflow.experiment_name, else the sweep dir for a sweep's jobs, else `runner`."""
+    assert settings.logger.mlflow is not None
+    if settings.logger.mlflow.experiment_name:
+        return settings.logger.mlflow.experiment_name
     return str(job.sweep_dir) if job.sweep_dir is not None else "runner"
 
 
@@ -119,38 +127,9 @@ def mlflow_experiment(uri_setting: str | None, name: str) -> tuple[Any, str]:
     except Exception as ex:
         raise ConfigError(
             f"logger=mlflow: cannot reach the tracking store {uri}: "
-            f"{type(ex).__name__}: {str(ex).splitlines()[0]}; fix logger.tracking_uri"
+            f"{type(ex).__name__}: {str(ex).splitlines()[0]}; fix logger.mlflow.tracking_uri"
         ) from ex
     return client, experiment.experiment_id
-
-
-def learning_curve(run_dir: Path) -> None:
-    """learning_curve.png from metrics.jsonl: the (last known) episode return mean over
-    env steps, for the tracker's artifacts."""
-    path = run_dir / "metrics.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
-    points = [
-        (r["env_steps"], r["last_episode_return_mean"])
-        for r in rows
-        if r.get("env_steps") is not None and r.get("last_episode_return_mean") is not None
-    ]
-    if points:
-        plots.lines(
-            run_dir / "learning_curve.png",
-            {"episode return mean": points},
-            "env steps",
-            "episode return mean",
-        )
-
-
-class NoTracker:
-    """logger=none: the run dir is the record."""
-
-    def log_row(self, row: dict[str, Any]) -> None:
-        return None
-
-    def finish(self, run_dir: Path, status: str) -> None:
-        return None
 
 
 class MlflowTracker:
@@ -160,32 +139,27 @@ class MlflowTracker:
     def __init__(self, settings: RunnerConfig, job: Job) -> None:
         from mlflow.entities import Param
 
+        assert settings.logger.mlflow is not None
         name = experiment_name(settings, job)
-        self.client, experiment_id = mlflow_experiment(settings.logger.tracking_uri, name)
-        shown = [o for o in job.overrides if not o.startswith("logger")]
-        run_name = (
-            f"job {job.number}: {' '.join(shown)}"
-            if job.sweep_dir is not None
-            else job.run_dir.name
-        )
+        self.client, experiment_id = mlflow_experiment(settings.logger.mlflow.tracking_uri, name)
         tagged = tags(settings, job.run_dir)
-        run = self.client.create_run(experiment_id, run_name=run_name, tags=tagged)
+        run = self.client.create_run(experiment_id, run_name=job.display_name, tags=tagged)
         self.run_id = run.info.run_id
         params = [Param(k, v) for k, v in flat_params(job.cfg).items()]
         for i in range(0, len(params), BATCH):
             self.client.log_batch(self.run_id, params=params[i : i + BATCH])
 
-    def log_row(self, row: dict[str, Any]) -> None:
-        """One iteration's headline figures (the numbers), at its iteration."""
+    def log(self, row: dict[str, Any], metrics: dict[str, float]) -> None:
+        """One iteration's metrics, at its env steps."""
         from mlflow.entities import Metric
 
-        now, step = int(time.time() * 1000), int(row["iteration"])
-        metrics = [
-            Metric(key, float(value), now, step)
-            for key, value in row.items()
-            if isinstance(value, int | float) and not isinstance(value, bool) and key != "iteration"
+        now, step = int(time.time() * 1000), env_step(row)
+        logged = [
+            Metric(NOT_IN_A_METRIC_NAME.sub("_", key), value, now, step)
+            for key, value in metrics.items()
         ]
-        self.client.log_batch(self.run_id, metrics=metrics)
+        for i in range(0, len(logged), METRIC_BATCH):
+            self.client.log_batch(self.run_id, metrics=logged[i : i + METRIC_BATCH])
 
     def finish(self, run_dir: Path, status: str) -> None:
         """The run's result files and plots as artifacts, then its end status. A store
@@ -196,7 +170,6 @@ class MlflowTracker:
             log.warning("logger=mlflow: the run's end was not logged: %s", one_line(ex))
 
     def _finish(self, run_dir: Path, status: str) -> None:
-        learning_curve(run_dir)
         files = [run_dir / name for name in ARTIFACTS] + sorted(run_dir.glob("**/*.png"))
         for path in files:
             if path.is_file():
@@ -205,8 +178,28 @@ class MlflowTracker:
         self.client.set_terminated(self.run_id, status)
 
 
-def start(settings: RunnerConfig, job: Job) -> NoTracker | MlflowTracker:
-    """The run's tracker (validate checked logger.name)."""
-    if settings.logger.name == "mlflow":
-        return MlflowTracker(settings, job)
-    return NoTracker()
+class Trackers:
+    """The loggers a run feeds (none, one or several), fed alike."""
+
+    def __init__(self, trackers: list[Any] | None = None) -> None:
+        self.trackers = trackers or []
+
+    def log(self, row: dict[str, Any], metrics: dict[str, float]) -> None:
+        for tracker in self.trackers:
+            tracker.log(row, metrics)
+
+    def finish(self, run_dir: Path, status: str) -> None:
+        for tracker in self.trackers:
+            tracker.finish(run_dir, status)
+
+
+def start(settings: RunnerConfig, job: Job) -> Trackers:
+    """The run's loggers, each started (validate checked that each can be)."""
+    trackers: list[Any] = []
+    if settings.logger.mlflow is not None:
+        trackers.append(MlflowTracker(settings, job))
+    if settings.logger.wandb is not None:
+        from runner.results.wandb_logger import WandbTracker
+
+        trackers.append(WandbTracker(settings, job))
+    return Trackers(trackers)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import DictConfig
 
 from runner.errors import ConfigError
-from runner.results.tracking import NoTracker
+from runner.results.tracking import Trackers
 from runner.schema import RunnerConfig, TaskSettings
 
 if TYPE_CHECKING:  # light at import: a typo at composition needs none of these
@@ -40,7 +40,7 @@ class TaskRun:
     # metrics.jsonl lines to start from: an interrupted sweep job's, up to its checkpoint.
     history: list[str] = field(default_factory=list)
     # logger=: where each iteration's figures go besides the run dir.
-    tracker: Any = field(default_factory=NoTracker)
+    tracker: Any = field(default_factory=Trackers)
     # The job's group choices (experiment, scale, ...), as Hydra composed them.
     choices: dict[str, Any] = field(default_factory=dict)
 

@@ -37,6 +37,23 @@ class RunEnded(RunnerError):
     exit_code = 1
 
 
+def draw_learning_curve(run: TaskRun, progress: Any) -> None:
+    """learning_curve.png, however the run ended (a signal and a crash included)."""
+    from runner.results import plots
+
+    rows = progress.rows
+    training = [
+        (r["env_steps"], r["last_episode_return_mean"])
+        for r in rows
+        if r["env_steps"] is not None and r["last_episode_return_mean"] is not None
+    ]
+    evaluation = [(r["env_steps"] or 0, r["eval_return_mean"]) for r in rows]
+    evaluated = [(x, y) for x, y in evaluation if y is not None]
+    if training or evaluated:
+        threshold = progress.check.config.threshold if progress.check.active else None
+        plots.learning_curve(run.run_dir / "learning_curve.png", training, evaluated, threshold)
+
+
 def run(run: TaskRun) -> None:
     """Train, then summary.json with the compile section and where it ran; then the exit
     the outcome calls for (a signal's 128 + n, 1 for a stall, a non-finite value or a
@@ -61,6 +78,7 @@ def run(run: TaskRun) -> None:
         **run.provenance,
     }
     write_json(run.run_dir / "summary.json", summary)
+    draw_learning_curve(run, progress)
     console.print(
         f"{'done' if progress.status == 'finished' else 'stopped'} "
         f"({summary['stop_reason'] or 'no stop criterion'}): "

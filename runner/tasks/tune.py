@@ -208,36 +208,49 @@ def _searcher(run: TaskRun, preset: dict[str, Any] | None) -> Any:
     return OptunaSearch(points_to_evaluate=first, sampler=sampler)
 
 
+def began_in(run: TaskRun) -> Path:
+    """The run dir where the search began (a resumed search's earlier one)."""
+    return run.checkpoint.parent if run.checkpoint is not None else run.run_dir
+
+
 def mlflow_experiment(run: TaskRun) -> str | None:
-    """logger=mlflow: the search's MLflow experiment (logger.experiment_name, else the run
-    dir where the search began), made with its artifact root; None without MLflow."""
+    """logger=mlflow: the search's MLflow experiment (logger.mlflow.experiment_name, else
+    the run dir where the search began), made with its artifact root; None without MLflow."""
     from runner.results import tracking
 
-    settings = run.settings
-    if settings.logger.name != "mlflow":
+    mlflow = run.settings.logger.mlflow
+    if mlflow is None:
         return None
-    began = run.checkpoint.parent if run.checkpoint is not None else run.run_dir
-    name = settings.logger.experiment_name or str(began)
-    tracking.mlflow_experiment(settings.logger.tracking_uri, name)
+    name = mlflow.experiment_name or str(began_in(run))
+    tracking.mlflow_experiment(mlflow.tracking_uri, name)
     return name
 
 
 def _callbacks(run: TaskRun, experiment: str | None) -> list[Any]:
-    """One MLflow run per trial, through Ray Tune's own callback."""
+    """One MLflow run and one W&B run per trial, through Ray Tune's own callbacks (W&B's
+    grouped by the run dir where the search began)."""
     from runner.results import tracking
 
-    if experiment is None:
-        return []
-    from ray.air.integrations.mlflow import MLflowLoggerCallback
+    settings, callbacks = run.settings, []
+    if experiment is not None:
+        from ray.air.integrations.mlflow import MLflowLoggerCallback
 
-    settings = run.settings
-    return [
-        MLflowLoggerCallback(
-            tracking_uri=tracking.tracking_uri(settings.logger.tracking_uri),
-            experiment_name=experiment,
-            tags=tracking.tags(settings, run.run_dir),
+        assert settings.logger.mlflow is not None
+        callbacks.append(
+            MLflowLoggerCallback(
+                tracking_uri=tracking.tracking_uri(settings.logger.mlflow.tracking_uri),
+                experiment_name=experiment,
+                tags=tracking.tags(settings, run.run_dir),
+            )
         )
-    ]
+    if settings.logger.wandb is not None:
+        from ray.air.integrations.wandb import WandbLoggerCallback
+
+        from runner.results.wandb_logger import init_kwargs
+
+        kwargs = init_kwargs(settings.logger.wandb, settings, str(began_in(run)))
+        callbacks.append(WandbLoggerCallback(**kwargs))
+    return callbacks
 
 
 def make_tuner(run: TaskRun, experiment: str | None) -> tune.Tuner:
@@ -340,8 +353,9 @@ def run(run: TaskRun) -> None:
     experiment = mlflow_experiment(run)
     signum = fit(make_tuner(run, experiment))
     if experiment is not None:
-        _, experiment_id = tracking.mlflow_experiment(settings.logger.tracking_uri, experiment)
-        tracking.end_running(settings.logger.tracking_uri, experiment_id)
+        uri = settings.logger.mlflow.tracking_uri  # type: ignore[union-attr]
+        _, experiment_id = tracking.mlflow_experiment(uri, experiment)
+        tracking.end_running(uri, experiment_id)
     rows = trials.read(run_dir / SEARCH_DIR, METRIC)
     preset = None
     if task.baseline_first:
