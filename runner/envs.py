@@ -7,11 +7,13 @@ check, the inference bench, a trained policy's spaces) come from `make_env(confi
 video's from `make_env(config, render_mode="rgb_array")`: the same call an EnvRunner
 makes, so a setting under `env.*` applies everywhere by construction.
 
-Three spellings: a gymnasium id (`module:EnvId` imports `module` first, in every
+Four spellings: a gymnasium id (`module:EnvId` imports `module` first, in every
 process), an env class or factory by import path (`env.entry_point`, called with RLlib's
-EnvContext; a MultiAgentEnv makes the run multi-agent), and Atari ids wrapped as RLlib
-wraps Atari for the new API stack. Then `env.wrappers` in order, and `env.framestack`
-(beyond Atari's own), on every single-agent env.
+EnvContext; a MultiAgentEnv makes the run multi-agent), a PettingZoo env function
+(`env.pettingzoo`, called with env_config as keywords, in RLlib's own PettingZoo
+wrappers), and Atari ids wrapped as RLlib wraps Atari for the new API stack. Then
+`env.wrappers` in order, and `env.framestack` (beyond Atari's own), on every single-agent
+env.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from runner.user_code import TARGET, check_arguments, import_module, locate, mat
 # env_config's reserved key: the env's settings, as a plain dict (pickled to each actor).
 SETTINGS_KEY = "_runner_env"
 # What `environment()` gets besides env and env_config is RLlib's, not the env's.
-_OWN_FIELDS = ("id", "entry_point", "atari", "framestack", "wrappers")
+_OWN_FIELDS = ("id", "entry_point", "pettingzoo", "atari", "framestack", "wrappers")
+SPELLINGS = ("id", "entry_point", "pettingzoo")
 
 
 def _register_ale() -> None:
@@ -45,21 +48,23 @@ def _register_ale() -> None:
 
 def setting(env: EnvConfig | dict[str, Any]) -> str:
     """The env's setting as the user wrote it, for messages."""
-    entry_point = env["entry_point"] if isinstance(env, dict) else env.entry_point
-    env_id = env["id"] if isinstance(env, dict) else env.id
-    return f"env.entry_point={entry_point}" if entry_point else f"env.id={env_id}"
+    values = env if isinstance(env, dict) else asdict(env)
+    key = next((k for k in SPELLINGS[1:] if values.get(k)), "id")
+    return f"env.{key}={values[key]}"
 
 
 def check_spelling(env: EnvConfig) -> None:
-    """Exactly one of env.id and env.entry_point; Atari wraps an id."""
-    if (env.id is None) == (env.entry_point is None):
+    """Exactly one of env.id, env.entry_point and env.pettingzoo; Atari wraps an id."""
+    given = {k: getattr(env, k) for k in SPELLINGS}
+    if sum(v is not None for v in given.values()) != 1:
         raise ConfigError(
-            "set exactly one of env.id (a gymnasium id, e.g. CartPole-v1 or my_pkg:MyEnv-v0) "
-            "and env.entry_point (an env class or factory, e.g. my_pkg.envs:MyEnv); "
-            f"got env.id={env.id} and env.entry_point={env.entry_point}"
+            "set exactly one of env.id (a gymnasium id, e.g. CartPole-v1 or my_pkg:MyEnv-v0), "
+            "env.entry_point (an env class or factory, e.g. my_pkg.envs:MyEnv) and "
+            "env.pettingzoo (a PettingZoo env function, e.g. mpe2.simple_spread_v3:parallel_env); "
+            f"got {', '.join(f'env.{k}={v}' for k, v in given.items())}"
         )
-    if env.atari and env.entry_point:
-        raise ConfigError("env.atari=true wraps a gymnasium id: set env.id, not env.entry_point")
+    if env.atari and not env.id:
+        raise ConfigError(f"env.atari=true wraps a gymnasium id: set env.id, not {setting(env)}")
 
 
 def check_env_id(env_id: str) -> None:
@@ -82,15 +87,35 @@ def check_env_id(env_id: str) -> None:
         )
 
 
+def _callable(path: str, where: str, what: str) -> Any:
+    """The callable at import path `path` (the setting `where`), or one line saying it is not."""
+    found = locate(path, where)
+    if not callable(found):
+        raise ConfigError(f"{where}={path} is a {type(found).__name__}, not {what}")
+    return found
+
+
 def _maker(own: dict[str, Any]) -> Any:
     """The user's env class or factory (env.entry_point)."""
-    maker = locate(own["entry_point"], "env.entry_point")
-    if not callable(maker):
-        raise ConfigError(
-            f"env.entry_point={own['entry_point']} is a {type(maker).__name__}, not an env "
-            "class or factory"
-        )
-    return maker
+    return _callable(own["entry_point"], "env.entry_point", "an env class or factory")
+
+
+def _pettingzoo(own: dict[str, Any], kwargs: dict[str, Any]) -> MultiAgentEnv:
+    """The PettingZoo env `env.pettingzoo` makes from `kwargs`, in RLlib's wrapper for its
+    kind (ParallelPettingZooEnv for a parallel env, PettingZooEnv for an AEC env)."""
+    from pettingzoo.utils.env import AECEnv, ParallelEnv
+    from ray.rllib.env.wrappers.pettingzoo_env import ParallelPettingZooEnv, PettingZooEnv
+
+    where = f"env.pettingzoo={own['pettingzoo']}"
+    made = _callable(own["pettingzoo"], "env.pettingzoo", "a PettingZoo env function")(**kwargs)
+    if isinstance(made, ParallelEnv):
+        return ParallelPettingZooEnv(made)
+    if isinstance(made, AECEnv):
+        return PettingZooEnv(made)
+    raise ConfigError(
+        f"{where} made a {type(made).__qualname__}, not a PettingZoo env (a ParallelEnv or an "
+        "AECEnv): name the game's env function, e.g. mpe2.simple_spread_v3:parallel_env"
+    )
 
 
 def wrappers(own: dict[str, Any]) -> list[tuple[Callable[..., Any], dict[str, Any]]]:
@@ -162,6 +187,8 @@ def build(own: dict[str, Any], context: EnvContext, render_mode: str | None = No
     kwargs = dict(context)
     if render_mode is not None and not own["entry_point"]:
         kwargs["render_mode"] = render_mode
+    if own["pettingzoo"]:
+        return _wrapped(_pettingzoo(own, kwargs), own)
     if own["atari"]:
         from ray.rllib.env.wrappers.atari_wrappers import wrap_atari_for_new_api_stack
 
@@ -202,6 +229,8 @@ def environment_kwargs(env: EnvConfig) -> dict[str, Any]:
         check_env_id(env.id)
     elif env.entry_point:
         _maker(own)
+    elif env.pettingzoo:
+        _callable(env.pettingzoo, "env.pettingzoo", "a PettingZoo env function")
     if env.framestack is not None and env.framestack < 1:
         raise ConfigError(f"env.framestack={env.framestack}: stack 1 or more frames, or null")
     wrappers(own)
@@ -229,12 +258,13 @@ def multi_agent_ids(env: EnvConfig) -> list[Any] | None:
     """The agent ids of a multi-agent env, from one env built here; None for a
     single-agent env (a gymnasium id, or an env class that is no MultiAgentEnv, is one
     without building it)."""
-    if not env.entry_point:
+    if not env.entry_point and not env.pettingzoo:
         return None
     own = _own(env)
-    maker = _maker(own)
-    if isinstance(maker, type) and not issubclass(maker, MultiAgentEnv):
-        return None
+    if env.entry_point:
+        maker = _maker(own)
+        if isinstance(maker, type) and not issubclass(maker, MultiAgentEnv):
+            return None
     built = _made_here(own, dict(env.env_config), None)
     try:
         return agent_ids(built) if isinstance(built, MultiAgentEnv) else None

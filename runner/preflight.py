@@ -236,7 +236,10 @@ def _check_action_space(settings: RunnerConfig, env: Any) -> None:
     takes = ACTION_SPACES.get(settings.algo.name)
     if takes is None:
         return
-    spaces = getattr(env, "action_spaces", None) or {"": env.action_space}
+    spaces = getattr(env, "action_spaces", None)
+    if not spaces and isinstance(env, MultiAgentEnv):  # RLlib's PettingZoo wrappers: a Dict
+        spaces = dict(getattr(env.action_space, "spaces", {}))
+    spaces = spaces or {"": env.action_space}
     for agent, space in spaces.items():
         if not isinstance(space, takes):
             kinds = " or ".join(kind.__name__ for kind in takes)

@@ -152,11 +152,15 @@ class EnvConfig:
     """The env every EnvRunner makes: a gymnasium id (`module:EnvId` imports the module
     first, in the driver and in each actor), or an env class or factory by import path
     (`entry_point`, called with `env_config` as RLlib's EnvContext; a MultiAgentEnv makes
-    the run multi-agent). Atari ids are wrapped the way RLlib wraps Atari for the new API
-    stack; `wrappers`, then `framestack`, wrap any single-agent env."""
+    the run multi-agent), or a PettingZoo env function (`pettingzoo`, called with
+    `env_config` as keywords; multi-agent). Atari ids are wrapped the way RLlib wraps Atari
+    for the new API stack; `wrappers`, then `framestack`, wrap any single-agent env."""
 
     id: str | None = None
     entry_point: str | None = None
+    # A PettingZoo parallel or AEC env function, e.g. `mpe2.simple_spread_v3:parallel_env`,
+    # wrapped in RLlib's ParallelPettingZooEnv or PettingZooEnv.
+    pettingzoo: str | None = None
     env_config: dict[str, Any] = field(default_factory=dict)
     atari: bool = False
     # The last n observations stacked on the observation's last axis (any Box env; Atari's
@@ -177,7 +181,7 @@ class EnvConfig:
     @property
     def name(self) -> str:
         """How results and plots name the env."""
-        return self.id or self.entry_point or "?"
+        return self.id or self.entry_point or self.pettingzoo or "?"
 
 
 @dataclass

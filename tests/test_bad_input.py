@@ -162,6 +162,10 @@ CASES = {
         ["+algo.env_runners.env_to_module_connector._target_=collections:OrderedDict"],
         "OrderedDict is not a ConnectorV2",
     ),
+    "PettingZoo env function that is not one": (
+        ["env.pettingzoo=math:pi", "env.id=null"],
+        "env.pettingzoo=math:pi is a float, not a PettingZoo env function",
+    ),
     "agent mapped to an undeclared policy": (
         ["experiment=tuned_ppo_multi_agent_cartpole", "algo.multi_agent.policy_mapping_fn.1=p2"],
         "policy_mapping_fn names policy 'p2', which is not one of algo.multi_agent.policies",

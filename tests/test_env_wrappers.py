@@ -1,6 +1,6 @@
 """`env.wrappers` and `env.framestack` from YAML: applied by the one env factory to the
 driver's envs and to every EnvRunner's (a real run's module is built from what its remote
-EnvRunner saw)."""
+EnvRunner saw). Multi-agent envs without declared policies, a PettingZoo game among them."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import torch
 from conftest import TINY, prepared
 from ray.rllib.core import Columns
 from ray.rllib.core.rl_module import RLModule
+from ray.rllib.env.wrappers.pettingzoo_env import ParallelPettingZooEnv, PettingZooEnv
 
 import runner
 from runner.envs import make_env
@@ -91,3 +92,34 @@ def test_multi_agent_cartpole_trains_with_no_policies_declared(
     summary = runner.run([*run, "hydra.run.dir=run"])
     assert summary["status"] == "finished"
     assert set(summary["final_module_episode_returns_mean"]) == expected
+
+
+def test_a_pettingzoo_game_gets_a_policy_per_agent_or_one_shared():
+    """MPE2's Simple Spread from YAML alone (conf/env/simple_spread.yaml): RLlib's
+    ParallelPettingZooEnv around it, its agent ids read from the game."""
+    config = prepared(["env=simple_spread"]).config
+    agents = ["agent_0", "agent_1", "agent_2"]
+    assert set(config.policies) == set(agents)
+    assert [config.policy_mapping_fn(agent, None) for agent in agents] == agents
+    shared = prepared(["env=simple_spread", "env.policies=shared", "env.env_config.N=2"]).config
+    assert set(shared.policies) == {"shared"}
+    env = make_env(shared)
+    assert isinstance(env, ParallelPettingZooEnv) and sorted(env.possible_agents) == agents[:2]
+    aec = make_env(
+        prepared(["env=simple_spread", "env.pettingzoo=mpe2.simple_spread_v3:env"]).config
+    )
+    assert isinstance(aec, PettingZooEnv)
+
+
+@pytest.mark.slow
+def test_a_pettingzoo_game_trains_per_agent_and_shared_and_evaluates(tmp_path: Path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    game = ["env=simple_spread", "stop.iterations=1"]
+    per_agent = runner.run([*game, *TINY, "hydra.run.dir=per_agent"])
+    assert per_agent["status"] == "finished"
+    assert set(per_agent["final_module_episode_returns_mean"]) == {"agent_0", "agent_1", "agent_2"}
+    # DQN takes each agent's Discrete(5) action space.
+    shared = runner.run([*game, "algo=dqn", "env.policies=shared", "hydra.run.dir=shared"])
+    assert set(shared["final_module_episode_returns_mean"]) == {"shared"}
+    evaluated = runner.run(["task=evaluate", "checkpoint=per_agent", "task.episodes=2"])
+    assert evaluated["episodes"] == 2 and evaluated["episode_return_mean"] < 0  # MPE: costs

@@ -265,11 +265,11 @@ WAYS: dict[str, Way] = {
         ("stop.iterations=1", "hydra.run.dir=outputs/best"), expect="done (iterations 1 >= 1)"
     ),
     # 4 small iterations, each evaluated (2 episodes) and checkpointed; the newest and
-    # the best evaluated checkpoint kept.
+    # the best evaluated checkpoint kept; a video at the end, for W&B.
     "python -m runner 'logger=[mlflow,wandb]' logger.wandb.mode=offline eval.every=5 "
     "eval.episodes=10 hydra.run.dir=outputs/tracked": Way(
         (*SMALL_BATCH, "stop.iterations=4", "eval.every=1", "eval.episodes=2")
-        + ("checkpoint.every=1", "checkpoint.keep=1"),
+        + ("checkpoint.every=1", "checkpoint.keep=1", "record.every=4"),
         expect="done (iterations 4 >= 4)",
     ),
     "python -m runner task=evaluate checkpoint=outputs/tracked:best "

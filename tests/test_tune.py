@@ -219,11 +219,12 @@ def test_wandb_gets_every_metric_under_rllibs_names_on_env_steps(outputs: Path):
     history = recorded["history"]
     assert [h["_step"] for h in history] == steps
     for h, line in zip(history, lines, strict=True):
-        assert {k: v for k, v in h.items() if not k.startswith("_")} == pytest.approx(
-            line["metrics"]
-        )
+        logged = {k: v for k, v in h.items() if not k.startswith(("_", "videos/"))}
+        assert logged == pytest.approx(line["metrics"])
     summary = json.loads((run / "summary.json").read_text())
     assert recorded["summary"]["status"] == "FINISHED"
+    video = "videos/iter_000004-episode-0"  # logged when the run ends, at its last step
+    assert recorded["summary"][f"{video}/_type"] == "video-file"
     assert recorded["summary"]["best_eval_return_mean"] == pytest.approx(
         summary["best_eval_return_mean"]
     )
