@@ -83,6 +83,8 @@ def print_changed(config: AlgorithmConfig, settings: RunnerConfig) -> None:
     and a real run's first lines (before Ray's), so its log says what it ran."""
     console.rule(f"AlgorithmConfig ({type(config).__name__}): settings that differ from RLlib")
     console.print(json.dumps(_changed_settings(config, settings.algo.name), indent=2))
+    if settings.tuned is not None:
+        console.print(f"tuned hyperparameters: {settings.tuned.file} ({settings.tuned.source})")
 
 
 def print_plan(plan: Plan, report: preflight.Report, res: machine.Resources) -> None:
@@ -110,6 +112,7 @@ def provenance(
         "hardware": {"profile": settings.hardware.name, **vars(resources)},
         "versions": versions(),
         "experiment": choices.get("experiment"),
+        "tuned": settings.tuned.file if settings.tuned else None,
         "scale": choices.get("scale"),
         "reproduction": asdict(reproduction) if reproduction else None,
     }

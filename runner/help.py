@@ -26,10 +26,11 @@ GROUPS = (
     "scale",
     "experiment",
 )
-# Internal groups: the schema (Hydra's ConfigStore), a compile preset's backend file, and
-# the parts scale=local adds by itself. Only a group's own *.yaml files are its options, so
-# the folders below a group are never listed; a top-level one named here is skipped too.
-HIDDEN = ("schema", "compile/backend", "scale/task", "scale/experiment")
+# Internal groups: the schema (Hydra's ConfigStore), a compile preset's backend file, the
+# parts scale=local adds by itself, and the tuned hyperparameters the algo and env options
+# pick. Only a group's own *.yaml files are its options, so the folders below a group are
+# never listed; a top-level one named here is skipped too.
+HIDDEN = ("schema", "compile/backend", "scale/task", "scale/experiment", "tuned")
 TUNED = "tuned_"
 # The README's first screen, one command each (tests/test_help.py checks they match).
 START = (

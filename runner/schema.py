@@ -185,6 +185,16 @@ class EnvConfig:
 
 
 @dataclass
+class TunedConfig:
+    """Which conf/tuned/<algo>_<env>.yaml a run's algo settings came from (the defaults
+    list picks it by the algo and env options), the env id it was tuned for, its source."""
+
+    file: str = MISSING
+    env: str = MISSING
+    source: str = MISSING
+
+
+@dataclass
 class StopConfig:
     """Training stops at whichever criterion is met first; null disables one."""
 
@@ -428,6 +438,7 @@ class RunnerConfig:
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
     # Set only by the reproduction files in conf/experiment/.
     reproduction: ReproductionConfig | None = None
+    tuned: TunedConfig | None = None
     seed: int | None = 0
     dry_run: bool = False
     # A run dir or checkpoint dir; `~` is expanded.

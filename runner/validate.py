@@ -112,6 +112,12 @@ def validate(settings: RunnerConfig, task: Task) -> tuple[CompileSpec | None, li
 
         auto.check(settings)
     warnings += task.check(settings, spec)
+    tuned = settings.tuned
+    if tuned is not None and settings.env.name != tuned.env:
+        warnings.append(
+            f"{tuned.file} (picked by the algo and env options) is tuned for {tuned.env}, and "
+            f"this run's env is {settings.env.name}: override algo.* where it does not suit"
+        )
     if task.trains:
         parts = compile_settings.compiled_parts(spec, settings.scaling)
         warnings += compile_settings.check_placement(spec, parts, settings.algo.name)

@@ -108,6 +108,9 @@ WAYS: dict[str, Way] = {
         ("dry_run=true",), expect="dry run: nothing started"
     ),
     # Tuned presets (their full runs are benchmarks: benchmarks/tuned_experiments.sh)
+    "python -m runner algo=dqn env=cartpole": Way(
+        ("dry_run=true",), expect="tuned hyperparameters: conf/tuned/dqn_cartpole.yaml"
+    ),
     "python -m runner experiment=tuned_dqn_cartpole": Way(
         (*TINY, "check.threshold=1"), expect="done (check passed"
     ),

@@ -7,7 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import prepared
+from conftest import compose_config, prepared
+from omegaconf import OmegaConf
 
 from runner import CONFIG_DIR, preflight
 
@@ -59,6 +60,51 @@ def test_settings_reach_rllib_as_the_examples_set_them():
     pong = prepared(["experiment=tuned_appo_pong"])
     assert pong.config.env_config["repeat_action_probability"] == 0.0
     assert pong.plan.total_gpus == 1 and pong.config.train_batch_size_per_learner == 1280
+
+
+# conf/tuned/<algo>_<env>.yaml: the experiment whose hyperparameters it holds.
+TUNED_FILES = {
+    "dqn_cartpole": "tuned_dqn_cartpole",
+    "sac_pendulum": "tuned_sac_pendulum",
+    "ppo_pendulum": "tuned_ppo_pendulum",
+    "appo_cartpole": "tuned_appo_cartpole",
+    "impala_cartpole": "tuned_impala_cartpole",
+    "ppo_multi_agent_cartpole": "tuned_ppo_multi_agent_cartpole",
+}
+
+
+def test_every_tuned_file_is_listed():
+    shipped = {p.stem for p in (Path(CONFIG_DIR) / "tuned").glob("*.yaml")}
+    assert shipped == set(TUNED_FILES)
+
+
+@pytest.mark.parametrize("pair", sorted(TUNED_FILES))
+def test_an_algo_and_env_pair_gets_its_tuned_file_and_the_experiment_adds_scale_and_check(
+    pair: str,
+):
+    path = Path(CONFIG_DIR) / "tuned" / f"{pair}.yaml"
+    algo, env = pair.split("_", 1)
+    plain = prepared([f"algo={algo}", f"env={env}"])
+    assert plain.settings.tuned.file == f"conf/tuned/{pair}.yaml"
+    written = OmegaConf.to_container(OmegaConf.load(path).algo)
+    composed = OmegaConf.to_container(compose_config([f"algo={algo}", f"env={env}"]).algo)
+    for section, values in written.items():
+        assert {k: composed[section][k] for k in values} == values, section
+    assert plain.warnings == [] or all(pair not in w for w in plain.warnings)
+    experiment = prepared([f"experiment={TUNED_FILES[pair]}"])
+    assert experiment.settings.tuned == plain.settings.tuned
+    assert experiment.settings.tuned.source == experiment.settings.check.source
+    # The experiment file holds no hyperparameter of the tuned file's.
+    own = OmegaConf.load(Path(CONFIG_DIR) / "experiment" / f"{TUNED_FILES[pair]}.yaml")
+    assert not set(own.get("algo", {}).get("training", {})) & set(written.get("training", {}))
+
+
+def test_a_pair_without_a_tuned_file_and_a_tuned_file_on_another_env():
+    assert prepared(["algo=ppo", "env=cartpole"]).settings.tuned is None  # conf/algo/ppo.yaml
+    moved = prepared(["algo=dqn", "env=cartpole", "env.id=Acrobot-v1"])
+    assert any(
+        "is tuned for CartPole-v1, and this run's env is Acrobot-v1" in w for w in moved.warnings
+    )
 
 
 @pytest.mark.parametrize("name", ["tuned_sac_pendulum", "tuned_dqn_cartpole", "tuned_appo_pong"])
