@@ -47,11 +47,14 @@ def _listening(port: int) -> bool:
 
 
 class SharedRay:
-    """`ray start --head --block` in the background, started when first asked for."""
+    """`ray start --head --block` in the background, started when first asked for;
+    `dashboard` adds Ray's dashboard, where the Ray Jobs server lives (`dashboard_url`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, dashboard: bool = False) -> None:
         self.proc: subprocess.Popen | None = None
         self.port = 0
+        self.dashboard = dashboard
+        self.dashboard_port = 0
         self.token = uuid.uuid4().hex
         atexit.register(self.stop)
 
@@ -67,11 +70,23 @@ class SharedRay:
             "RAY_AUTH_TOKEN": self.token,
         }
 
+    @property
+    def dashboard_url(self) -> str:
+        return f"http://{HOST}:{self.dashboard_port}"
+
     def _start(self) -> None:
-        self.port = _free_port()
+        self.port, self.dashboard_port = _free_port(), _free_port()
         ray = Path(sys.executable).parent / "ray"
         env = {k: v for k, v in os.environ.items() if k not in KEYS}
         env.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": self.token})
+        # A Ray job's `python` is this environment's, activated or not.
+        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+        dashboard = (
+            ["--include-dashboard=true", f"--dashboard-host={HOST}"]
+            + [f"--dashboard-port={self.dashboard_port}"]
+            if self.dashboard
+            else ["--include-dashboard=false"]
+        )
         log = Path(tempfile.mkstemp(prefix="shared-ray-", suffix=".log")[1])
         command = [
             str(ray),
@@ -82,7 +97,7 @@ class SharedRay:
             f"--port={self.port}",
             f"--num-cpus={os.cpu_count() or 1}",
             "--num-gpus=0",
-            "--include-dashboard=false",
+            *dashboard,
             "--disable-usage-stats",
             f"--system-config={json.dumps(LOCAL_SYSTEM_CONFIG)}",
         ]

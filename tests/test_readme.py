@@ -297,6 +297,7 @@ RUN_ELSEWHERE = {
     "Search and track": "tests/test_tune.py",
     "On a GPU": "tests/test_gpu_smoke.py",
     "Reproductions": "tests/test_reproductions.py",
+    "Ray Jobs": "tests/test_ray_jobs.py",
 }
 # The README's first screen: install, then train, watch, evaluate, export, sweep, search.
 FIRST_SCREEN = 45
