@@ -251,7 +251,8 @@ class Training:
             progress.best = ret
         if evaluated is not None:
             progress.last_eval = evaluated
-            progress.best_eval = max(evaluated, progress.best_eval or evaluated)
+            best = progress.best_eval
+            progress.best_eval = evaluated if best is None else max(best, evaluated)
         every = settings.checkpoint.every
         if every and algo.iteration % every == 0:
             self.save_checkpoint()

@@ -12,12 +12,13 @@ import re
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import shared_ray
-from conftest import TINY_BATCH
 from readme import commands
+from test_readme import WAYS
 
 ROOT = Path(__file__).resolve().parent.parent
 SECTION = "Ray Jobs"
@@ -31,10 +32,21 @@ def head():
     cluster.stop()
 
 
+def submit(line: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    """`ray job submit`, again while the head's job agent is still starting (Ray answers
+    "No available agent" until it is up, for a while after the dashboard is)."""
+    deadline = time.monotonic() + 120
+    while True:
+        proc = subprocess.run(line, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        if "No available agent to submit job" not in proc.stderr or time.monotonic() > deadline:
+            return proc
+        time.sleep(2)
+
+
 @pytest.fixture(scope="module")
 def submitted(head, tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
-    """Each of the section's `ray job submit` commands, its runner's run dir moved under a
-    temp dir and its batch made tiny (overrides after the page's own), by its dir's name."""
+    """Each of the section's `ray job submit` commands with its Way's overrides after the
+    page's own, its runner's run dir moved under a temp dir, by its dir's name."""
     cluster, joined = head
     out = tmp_path_factory.mktemp("ray_jobs")
     env = {k: v for k, v in os.environ.items() if k not in shared_ray.KEYS}
@@ -49,8 +61,9 @@ def submitted(head, tmp_path_factory) -> dict[str, tuple[subprocess.CompletedPro
         where = next(w for w in words if w.startswith(("hydra.run.dir=", "hydra.sweep.dir=")))
         key, _, page_dir = where.partition("=")
         name = Path(page_dir).name
-        line = [*words, *TINY_BATCH, f"{key}={out / name}"]
-        proc = subprocess.run(line, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        way = WAYS[command.text]
+        proc = submit([*words, *way.extra, f"{key}={out / name}"], env)
+        assert way.expect in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-3000:]
         done[name] = proc, out / name
     return done
 

@@ -60,7 +60,8 @@ def test_jobs_with_the_same_settings_share_a_ray_and_other_settings_get_a_new_on
 
 @pytest.mark.slow
 def test_a_ray_the_user_started_is_used_and_left_running(environ):
-    ray.init(num_cpus=1, include_dashboard=False)
+    # address="local": a Ray of the user's own, not one `ray start` runs on this machine.
+    ray.init(address="local", num_cpus=1, include_dashboard=False)
     users = _node()
     ray_session.start_ray(RayConfig())
     assert _node() == users

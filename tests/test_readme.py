@@ -225,6 +225,15 @@ WAYS: dict[str, Way] = {
         (*SMALL_BATCH, "scaling.num_env_runners=1"), expect="sweep: 2 jobs, 0 failed", own_ray=True
     ),
     "ray stop": Way(expect="Stopped", own_ray=True),
+    # docs/cluster.md, Ray Jobs (run by tests/test_ray_jobs.py, whose head of its own, on
+    # ports of its own, stands in for the page's `ray start`; run dirs go to a temp dir).
+    "ray start --head --include-dashboard=true": Way(expect="Ray runtime started"),
+    "ray job submit --working-dir . -- python -m runner scaling.num_env_runners=1 "
+    "stop.iterations=2 hydra.run.dir=/tmp/rllib-runner/job": Way(SMALL_BATCH, expect="succeeded"),
+    "ray job submit --working-dir . -- python -m runner -m seed=1,2 stop.iterations=1 "
+    "hydra.sweep.dir=/tmp/rllib-runner/job_sweep": Way(
+        SMALL_BATCH, expect="sweep: 2 jobs, 0 failed"
+    ),
     # docs/gpu.md (run by tests/test_gpu_smoke.py, which checks what the dry run planned)
     "python benchmarks/gpu_smoke.py --dry-run": Way(expect="written: outputs/gpu_smoke/smoke.md"),
     "python benchmarks/gpu_smoke.py": Way(code=2, expect="sees no CUDA GPU here"),
