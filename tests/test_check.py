@@ -4,10 +4,11 @@ sets the exit code; real runs for pass and fail, the bookkeeping in-process."""
 from __future__ import annotations
 
 import pytest
-from conftest import TINY
+from conftest import TINY, prepared
 
 from runner.check import Check
-from runner.schema import CheckConfig
+from runner.errors import ConfigError
+from runner.schema import CheckConfig, CheckOn
 
 METRIC = "env_runners/episode_return_mean"
 
@@ -49,6 +50,17 @@ def test_no_threshold_or_disabled_is_no_check():
 
 
 @pytest.mark.slow
+def test_a_check_on_evaluation_reads_the_evaluation_during_training():
+    check = Check(CheckConfig(threshold=100.0, on=CheckOn.evaluation))
+    assert check.update({METRIC: 150.0}, 200, 1.0) is None  # training's return: not read
+    reason = check.update({f"evaluation/{METRIC}": 120.0}, 400, 2.0)
+    assert reason == f"check passed: evaluation/{METRIC} 120.0 >= 100 at 400 env steps"
+    with pytest.raises(ConfigError, match=r"check.on=evaluation .*: set eval.every"):
+        prepared(["check.on=evaluation", "check.threshold=100"])
+    job = prepared(["check.on=evaluation", "check.threshold=100", "eval.every=2"])
+    assert job.config.evaluation_interval == 2
+
+
 def test_a_run_that_passes_its_check_stops_and_exits_0(cli):
     result = cli(*TINY, "check.threshold=1", "check.env_steps=100000", "stop.iterations=5")
     assert result.returncode == 0, result.stderr

@@ -20,13 +20,14 @@ from pathlib import Path
 import pytest
 import yaml
 from cli_forks import run_many
-from conftest import compose_config, run_cli
+from conftest import compose_config, prepared, run_cli
 from mlflow.tracking import MlflowClient
 from readme import commands
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from test_readme import run_block
 from wandb_records import offline_run
 
+from runner.errors import ConfigError
 from runner.results import checkpoints
 from runner.schema import typed
 from runner.tasks.tune import _callbacks
@@ -276,6 +277,14 @@ def test_the_best_checkpoint_is_the_best_evaluated_and_evaluate_takes_it(outputs
     assert summary["best_checkpoint"] == str(best_dir.resolve())
     evaluated = json.loads((outputs / "tracked_eval" / "eval.json").read_text())
     assert evaluated["checkpoint"] == str(best_dir.resolve())
+
+
+def test_wandb_without_its_package_is_one_line(monkeypatch):
+    """The wandb package cannot be uninstalled from the tests' environment: a None in
+    sys.modules makes it unimportable for this check, as a missing package is."""
+    monkeypatch.setitem(sys.modules, "wandb", None)
+    with pytest.raises(ConfigError, match=r"^logger=wandb needs the wandb package: pip install"):
+        prepared(["logger=wandb", "logger.wandb.mode=offline"])
 
 
 def test_a_search_logs_each_trial_through_tunes_own_wandb_callback():
