@@ -81,9 +81,19 @@ class SharedRay:
         env.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": self.token})
         # A Ray job's `python` is this environment's, activated or not.
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+        # The Jobs server hands a job to the head's dashboard agent, whose HTTP port is
+        # 52365 unless given: beside another Ray on this machine (the other test worker's)
+        # it would not start, and every submission would find "No available agent".
+        agent_ports = (
+            "--dashboard-agent-listen-port",
+            "--dashboard-agent-grpc-port",
+            "--runtime-env-agent-port",
+            "--metrics-export-port",
+        )
         dashboard = (
             ["--include-dashboard=true", f"--dashboard-host={HOST}"]
             + [f"--dashboard-port={self.dashboard_port}"]
+            + [f"{flag}={_free_port()}" for flag in agent_ports]
             if self.dashboard
             else ["--include-dashboard=false"]
         )
