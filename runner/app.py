@@ -24,7 +24,7 @@ from runner.algorithm_config import build_algorithm_config, default_config_for
 from runner.compile.apply import add_to_config
 from runner.compile.settings import CompileSpec
 from runner.console import console
-from runner.errors import ConfigError, PreflightError
+from runner.errors import ConfigError, PreflightError, RunnerError
 from runner.job import Job
 from runner.plan import Plan, make_plan
 from runner.ray_session import (
@@ -34,7 +34,7 @@ from runner.ray_session import (
     quiet_ray,
     start_ray,
 )
-from runner.results import checkpoints, tracking
+from runner.results import checkpoints, remote, tracking
 from runner.results.files import RESULT_FILES, json_safe, versions, write_json
 from runner.resume import OVERRIDES_FILE, SEARCH_DIR, compose_for_resume
 from runner.schema import AUTO, RunnerConfig, typed
@@ -149,6 +149,10 @@ def run(job: Job, start_time: float, attempt: Path | None = None) -> dict[str, A
 
     prepared = prepare(cfg)
     settings = prepared.settings
+    mirror = None
+    if settings.results.uri:
+        mirror = remote.Mirror(settings.results.uri, run_dir)
+        mirror.probe()
     if checkpoint is not None and (checkpoint.name == SEARCH_DIR) != (
         prepared.task.resumes == "search"
     ):
@@ -180,7 +184,8 @@ def run(job: Job, start_time: float, attempt: Path | None = None) -> dict[str, A
         print_plan(plan, report, resources)
         if prepared.spec is not None and prepared.spec.backend == AUTO:
             console.print("compile=auto: measured (or read from its cache) when the run starts")
-        console.print(f"dry run: nothing started; files in {run_dir}")
+        mirrored = f" (results.uri: {mirror.uri} takes a write)" if mirror else ""
+        console.print(f"dry run: nothing started; files in {run_dir}{mirrored}")
         return {**totals, "preflight_problems": report.problems}
     if not report.ok:
         raise PreflightError("; ".join(report.problems))
@@ -188,7 +193,9 @@ def run(job: Job, start_time: float, attempt: Path | None = None) -> dict[str, A
     tracker = tracking.start(settings, job) if prepared.task.tracked else tracking.Trackers()
     status = "FAILED"
     try:
-        task_run = started(prepared, job, tracker, resources, start_time, checkpoint, history)
+        task_run = started(
+            prepared, job, tracker, resources, start_time, checkpoint, history, mirror
+        )
         prepared.task.run(task_run)
         status = "FINISHED"
     except Interrupted:
@@ -196,7 +203,22 @@ def run(job: Job, start_time: float, attempt: Path | None = None) -> dict[str, A
         raise
     finally:
         tracker.finish(run_dir, status)
+        if mirror is not None:
+            push_at_end(mirror, status)
     return totals
+
+
+def push_at_end(mirror: remote.Mirror, status: str) -> None:
+    """The run dir's last copy to results.uri. A failed copy after a finished task fails
+    the job; after a failed one it is a warning, so the task's own error stays the one shown."""
+    try:
+        mirror.push()
+    except RunnerError as ex:
+        if status == "FINISHED":
+            raise
+        log.warning(str(ex))
+        return
+    console.print(f"results mirrored to {mirror.uri}")
 
 
 def started(
@@ -207,6 +229,7 @@ def started(
     start_time: float,
     checkpoint: Path | None,
     history: list[str],
+    mirror: remote.Mirror | None = None,
 ) -> TaskRun:
     """compile=auto's choice (measured before Ray takes the CPUs), Ray, then the task's input."""
     settings, spec, auto = prepared.settings, prepared.spec, None
@@ -232,4 +255,5 @@ def started(
         history=history,
         tracker=tracker,
         choices=job.choices,
+        mirror=mirror,
     )

@@ -299,6 +299,8 @@ class Training:
         )
         keep = self.settings.checkpoint
         checkpoints.prune(run_dir, keep.keep, keep.keep_best)
+        if self.run.mirror is not None:
+            self.run.mirror.push()
         return self.saved
 
     def interrupted(self, watch: Watch) -> None:

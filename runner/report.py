@@ -28,7 +28,7 @@ from runner import docs
 from runner import overrides as ov
 from runner.errors import RunnerError, one_line, tool_exit_code
 from runner.machine import is_gpu_of
-from runner.results import plots, seeds
+from runner.results import plots, remote, seeds
 from runner.results.files import write_csv
 from runner.sweep import job_row
 
@@ -332,7 +332,9 @@ def main(argv: list[str] | None = None) -> int:
         description="Published vs measured (bench.json files) and the verification table "
         "(runs with a check) under PATHs.",
     )
-    parser.add_argument("paths", nargs="+", type=Path, help="run dirs, or dirs holding them")
+    parser.add_argument(
+        "paths", nargs="+", help="run dirs, or dirs holding them; local or under a results.uri"
+    )
     parser.add_argument("--out", type=Path, default=Path("outputs/report"))
     parser.add_argument(
         "--doc",
@@ -348,7 +350,10 @@ def main(argv: list[str] | None = None) -> int:
         shown += ["--doc", str(args.doc)]
 
     def work() -> int:
-        text, verification = build(args.paths, args.out, " ".join(shown))
+        paths = [
+            remote.Pulled(p, "report").local if remote.is_uri(p) else Path(p) for p in args.paths
+        ]
+        text, verification = build(paths, args.out, " ".join(shown))
         if args.doc:
             docs.refresh(args.doc, measured=text, verification=verification)
         return 0

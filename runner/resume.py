@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from runner import overrides as ov
 from runner.errors import ConfigError
-from runner.results import checkpoints
+from runner.results import checkpoints, remote
 from runner.results.checkpoints import CHECKPOINT_FILE, MANIFEST
 
 OVERRIDES_FILE = "composed_overrides.yaml"
@@ -37,11 +37,13 @@ def find_checkpoint(path_text: str, setting: str = "resume") -> tuple[Path, Path
     """(checkpoint dir, the run dir it belongs to) for a run dir or a checkpoint dir: the
     run dir's newest complete checkpoint (`:best`: its best ranked, by evaluation return
     or training return as its manifests say), checked against its manifest (checkpoints
-    are pickles: load only checkpoints you trust). `setting` names the path in messages."""
+    are pickles: load only checkpoints you trust). A URI (runner/results/remote.py) is
+    pulled first. `setting` names the path in messages."""
     head, _, which = path_text.rpartition(":")
     if not head or which not in (LATEST, BEST):
         head, which = path_text, LATEST
-    path = Path(head).expanduser()
+    pulled = remote.Pulled(head, setting) if remote.is_uri(head) else None
+    path = pulled.local if pulled else Path(head).expanduser()
     if not path.exists():
         raise ConfigError(
             f"{setting} path '{path}' does not exist; pass a run dir (one with checkpoints/) "
@@ -53,6 +55,8 @@ def find_checkpoint(path_text: str, setting: str = "resume") -> tuple[Path, Path
         run_dir = path.parent.parent
         return checkpoints.verified(path), run_dir if (run_dir / ".hydra").is_dir() else None
     checkpoint = checkpoints.best(path) if which == BEST else checkpoints.latest(path)
+    if checkpoint is not None and pulled:
+        pulled.fetch(checkpoint)
     if checkpoint is None:
         raise ConfigError(
             f"{setting} path '{path}' holds no checkpoint (no checkpoints/*/{CHECKPOINT_FILE}); "

@@ -259,6 +259,14 @@ class RayConfig:
 
 
 @dataclass
+class ResultsConfig:
+    """`uri`: a filesystem URI (s3://bucket/prefix, gs://..., file:///abs/path) the run dir
+    is mirrored to, under its own path there (runner/results/remote.py); null: local only."""
+
+    uri: str | None = None
+
+
+@dataclass
 class PreflightConfig:
     """Resource checks before any actor starts; strict=false turns failures into warnings."""
 
@@ -428,6 +436,7 @@ class RunnerConfig:
     check: CheckConfig = field(default_factory=CheckConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     ray: RayConfig = field(default_factory=RayConfig)
+    results: ResultsConfig = field(default_factory=ResultsConfig)
     preflight: PreflightConfig = field(default_factory=PreflightConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     record: RecordConfig = field(default_factory=RecordConfig)
@@ -441,12 +450,12 @@ class RunnerConfig:
     tuned: TunedConfig | None = None
     seed: int | None = 0
     dry_run: bool = False
-    # A run dir or checkpoint dir; `~` is expanded.
+    # A run dir or checkpoint dir, local (`~` is expanded) or under a URI (results.uri).
     resume: str | None = None
 
 
 def _expand(path: str | None) -> str | None:
-    return str(Path(path).expanduser()) if path else path
+    return str(Path(path).expanduser()) if path and "://" not in path else path
 
 
 def typed(cfg: DictConfig) -> RunnerConfig:

@@ -18,11 +18,11 @@ from typing import Any
 
 import yaml
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from runner import overrides as ov
 from runner.errors import RunnerError, tool_exit_code
-from runner.results import plots, seeds
+from runner.results import plots, remote, seeds
 from runner.results.files import write_csv
 from runner.results.jobs import read_job
 
@@ -279,6 +279,11 @@ class SweepSummary(Callback):
         if not sweep_dir.is_dir():
             return
         rows = summarize(sweep_dir)
+        uri = OmegaConf.select(config, "results.uri")
+        if uri:  # each job copied its own run dir; the sweep's own files join them
+            mirror = remote.Mirror(uri, sweep_dir)
+            mirror.push(top_only=True)
+            print(f"sweep summary mirrored to {mirror.uri}")
         failed = [r for r in rows if r["status"] == "failed"]
         dry = [r for r in rows if r["status"] == "dry_run"]
         if dry or (failed and all(r["status"] in ("dry_run", "failed") for r in rows)):

@@ -84,6 +84,12 @@ def check_run(settings: RunnerConfig) -> None:
             "check.on=evaluation reads the evaluation during training: set eval.every "
             "(e.g. eval.every=5)"
         )
+    uri = settings.results.uri
+    if uri is not None and "://" not in uri:
+        raise ConfigError(
+            f"results.uri={uri}: not a filesystem URI; use s3://bucket/prefix, gs://bucket/prefix "
+            "or file:///absolute/path (a local run dir needs no setting)"
+        )
     check_loggers(settings.logger)
 
 

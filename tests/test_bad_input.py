@@ -129,6 +129,8 @@ CASES = {
     ),
     "unquoted ~ in an override": (["compile.cache_dir=~/x"], """'compile.cache_dir="~/"""),
     "negative seconds": (["stop.seconds=-1"], "stop.seconds must be >= 0"),
+    "a results.uri that is a path": (["results.uri=outputs/x"], "not a filesystem URI"),
+    "a results.uri no filesystem opens": (["results.uri=foo://x/y"], "no filesystem opens"),
     "negative check budget": (["check.env_steps=-5"], "check.env_steps must be >= 0"),
     "negative Ray CPUs": (["ray.num_cpus=-1"], "ray.num_cpus must be >= 0"),
     "misspelled log level": (["ray.log_level=EROR"], "expected one of [DEBUG, INFO"),

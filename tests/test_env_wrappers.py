@@ -15,7 +15,9 @@ from ray.rllib.core.rl_module import RLModule
 from ray.rllib.env.wrappers.pettingzoo_env import ParallelPettingZooEnv, PettingZooEnv
 
 import runner
+from runner.algorithm_config import build_algorithm_config
 from runner.envs import make_env
+from runner.errors import ConfigError
 
 WRAPPERS = (
     "env.wrappers=[gymnasium.wrappers:FlattenObservation,"
@@ -123,3 +125,32 @@ def test_a_pettingzoo_game_trains_per_agent_and_shared_and_evaluates(tmp_path: P
     assert set(shared["final_module_episode_returns_mean"]) == {"shared"}
     evaluated = runner.run(["task=evaluate", "checkpoint=per_agent", "task.episodes=2"])
     assert evaluated["episodes"] == 2 and evaluated["episode_return_mean"] < 0  # MPE: costs
+
+
+def test_minigrid_trains_with_its_wrappers_from_yaml_alone(tmp_path: Path, monkeypatch):
+    """examples/minigrid: MiniGrid's dict observation, made a float vector by the env file's
+    wrappers, reaches the RLModule the run trains (and fails to build without them)."""
+    example = Path(__file__).resolve().parent.parent / "examples" / "minigrid" / "conf"
+    config = runner.compose(["env=minigrid_empty"], config_dir=str(example))
+    env = make_env(build_algorithm_config(config, None))
+    assert (env.observation_space.shape, env.observation_space.dtype) == ((147,), np.float32)
+    monkeypatch.chdir(tmp_path)
+    summary = runner.run(
+        [
+            *TINY,
+            "experiment=minigrid_empty_ppo",
+            "check.enabled=false",
+            "stop.iterations=1",
+            "hydra.run.dir=run",
+        ],
+        config_dir=str(example),
+    )
+    assert summary["status"] == "finished" and summary["env_steps"] > 0
+    assert not summary["restarts"], "an EnvRunner died on the wrapped env"
+    (module_dir,) = (tmp_path / "run").rglob("rl_module/default_policy")
+    assert RLModule.from_checkpoint(module_dir).observation_space.shape == (147,)
+    with pytest.raises(ConfigError, match="No default encoder config"):
+        runner.run(
+            [*TINY, "experiment=minigrid_empty_ppo", "env.wrappers=[]", "dry_run=true"],
+            config_dir=str(example),
+        )

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import cli_forks
 import pytest
+from conftest import TINY as TINY_RUN
 from conftest import TINY_BATCH, cli_env
 from readme import README, SETUP, Command, commands, python_blocks, setup
 
@@ -100,6 +101,10 @@ WAYS: dict[str, Way] = {
     ),
     "python -m runner env.id=my_rl_pkg:MyRL/Corridor-v0 scaling.num_env_runners=1 "
     "stop.iterations=3": Way(TINY, expect="done (iterations 1 >= 1)"),
+    "pip install minigrid==3.2.0": Way(expect="minigrid"),  # the test extra has it
+    "python -m runner --config-dir examples/minigrid/conf experiment=minigrid_empty_ppo": Way(
+        (*TINY, "check.enabled=false"), expect="done (iterations 1 >= 1)"
+    ),
     "python -m runner env.framestack=4 "
     "'env.wrappers=[{_target_:gymnasium.wrappers.TimeLimit,max_episode_steps:200}]' "
     "stop.iterations=2": Way(SMALL_BATCH, expect="done (iterations 2 >= 2)"),
@@ -234,6 +239,21 @@ WAYS: dict[str, Way] = {
     "hydra.sweep.dir=/tmp/rllib-runner/job_sweep": Way(
         SMALL_BATCH, expect="sweep: 2 jobs, 0 failed"
     ),
+    # docs/cluster.md, Results in object storage (run by tests/test_results_uri.py against
+    # a local S3 server, with a bucket it makes; the last three in a dir of their own).
+    "python -m runner results.uri=s3://my-bucket/rllib checkpoint.every=1 stop.iterations=2 "
+    "hydra.run.dir=outputs/runs/first": Way(
+        (*TINY_RUN, "scaling.num_env_runners=0"), expect="results mirrored to"
+    ),
+    "python -m runner resume=s3://my-bucket/rllib/outputs/runs/first check.threshold=150 "
+    "check.env_steps=100000 hydra.run.dir=outputs/runs/resumed": Way(
+        ("check.threshold=5", "stop.iterations=3"), expect="results mirrored to"
+    ),
+    "python -m runner task=evaluate checkpoint=s3://my-bucket/rllib/outputs/runs/first:best "
+    "task.episodes=5": Way(("task.episodes=2",), expect="results mirrored to"),
+    "python -m runner.report s3://my-bucket/rllib/outputs/runs": Way(
+        expect="1 run(s) with a check"
+    ),
     # docs/gpu.md (run by tests/test_gpu_smoke.py, which checks what the dry run planned)
     "python benchmarks/gpu_smoke.py --dry-run": Way(expect="written: outputs/gpu_smoke/smoke.md"),
     "python benchmarks/gpu_smoke.py": Way(code=2, expect="sees no CUDA GPU here"),
@@ -307,6 +327,7 @@ RUN_ELSEWHERE = {
     "On a GPU": "tests/test_gpu_smoke.py",
     "Reproductions": "tests/test_reproductions.py",
     "Ray Jobs": "tests/test_ray_jobs.py",
+    "Results in object storage": "tests/test_results_uri.py",
 }
 # The README's first screen: install, then train, watch, evaluate, export, sweep, search.
 FIRST_SCREEN = 45

@@ -48,6 +48,7 @@ LAYERS = [
         "results.tracking",
         "results.wandb_logger",
         "results.trials",
+        "results.remote",
         "shutdown",
         "resume",
     },

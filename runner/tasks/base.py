@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # light at import: a typo at composition needs none of these
 
     from runner.compile.settings import CompileSpec
     from runner.plan import Plan
+    from runner.results.remote import Mirror
 
 
 @dataclass
@@ -43,6 +44,8 @@ class TaskRun:
     tracker: Any = field(default_factory=Trackers)
     # The job's group choices (experiment, scale, ...), as Hydra composed them.
     choices: dict[str, Any] = field(default_factory=dict)
+    # results.uri: the run dir's copy there, refreshed after each checkpoint.
+    mirror: Mirror | None = None
 
 
 def no_warnings(settings: RunnerConfig, spec: CompileSpec | None) -> list[str]:
