@@ -16,7 +16,7 @@ seeds=${SEEDS:-0,1,2}
 cpus=${NUM_CPUS:-8}
 py=${PYTHON:-python}
 names="main_job tuned_ppo_cartpole tuned_ppo_pendulum tuned_dqn_cartpole tuned_sac_pendulum
-tuned_appo_cartpole tuned_impala_cartpole tuned_ppo_multi_agent_cartpole"
+tuned_appo_cartpole tuned_impala_cartpole tuned_ppo_multi_agent_cartpole tuned_ppo_acrobot"
 for name in $names; do
   if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]]; then
     continue

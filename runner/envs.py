@@ -286,6 +286,13 @@ def _made_here(
         built = build(own, EnvContext(user_config, worker_index=0), render_mode)
     except ConfigError:
         raise
+    except gym.error.DependencyNotInstalled as ex:
+        if "Box2D" not in str(ex):
+            raise ConfigError(f"{where}: {ex}") from ex
+        raise ConfigError(
+            f"{where} needs Box2D, which is not installed: install the project's box2d extra "
+            "(pip install -e '.[box2d]', or pip install box2d==2.3.10)"
+        ) from ex
     except Exception as ex:
         mode = f" with render_mode='{render_mode}'" if render_mode else ""
         raise ConfigError(

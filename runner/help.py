@@ -107,7 +107,7 @@ def text(config_dir: str) -> str:
         lines.append(
             "  a file that overrides any of the above. The tuned presets, RLlib's tuned examples"
         )
-        lines.append("  with their pass criteria (docs/tuned.md):")
+        lines.append("  (RL Zoo's where RLlib has none) with their pass criteria (docs/tuned.md):")
         lines += _rows(tuned, "    ")
         lines.append(
             f"  and {len(others)} reproductions of RLlib's published torch.compile tables "

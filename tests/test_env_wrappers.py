@@ -4,6 +4,7 @@ EnvRunner saw). Multi-agent envs without declared policies, a PettingZoo game am
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -154,3 +155,12 @@ def test_minigrid_trains_with_its_wrappers_from_yaml_alone(tmp_path: Path, monke
             [*TINY, "experiment=minigrid_empty_ppo", "env.wrappers=[]", "dry_run=true"],
             config_dir=str(example),
         )
+
+
+def test_lunarlander_without_box2d_names_the_extra(monkeypatch):
+    """Box2D hidden from the import system (installed or not, as on a machine without it)."""
+    monkeypatch.setitem(sys.modules, "Box2D", None)
+    for name in [m for m in sys.modules if m.startswith("gymnasium.envs.box2d")]:
+        monkeypatch.delitem(sys.modules, name)
+    with pytest.raises(ConfigError, match=r"needs Box2D.*pip install -e '\.\[box2d\]'"):
+        make_env(prepared(["env=lunarlander"]).config)

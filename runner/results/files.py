@@ -16,7 +16,7 @@ import math
 import numbers
 import os
 import platform
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -128,6 +128,17 @@ def _dig(result: dict, path: tuple[str, ...]) -> Any:
 def env_step(row: dict[str, Any]) -> int:
     """A logged iteration's step (TensorBoard's, MLflow's, W&B's): the env steps so far."""
     return int(row["env_steps"] or 0)
+
+
+def return_points(rows: Iterable[dict[str, Any]]) -> list[tuple[float, float]]:
+    """(env steps, last known training return mean) for each iteration row with both: a
+    learning curve's points (a row written before `last_episode_return_mean`: its mean)."""
+    points = []
+    for row in rows:
+        ret = row.get("last_episode_return_mean", row.get("episode_return_mean"))
+        if row.get("env_steps") is not None and ret is not None:
+            points.append((row["env_steps"], ret))
+    return points
 
 
 def headline(result: dict, wall_seconds: float) -> dict[str, Any]:

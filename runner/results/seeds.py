@@ -18,6 +18,7 @@ import numpy as np
 
 from runner import overrides as ov
 from runner.results import plots
+from runner.results.files import return_points
 
 CONFIDENCE = 0.95
 RESAMPLES = 2000
@@ -80,13 +81,19 @@ def interval(
     return point, float(ci.low), float(ci.high)
 
 
+# Below this many seeds an interquartile mean trims nothing: it is a plain mean, and says so.
+IQM_SEEDS = 4
+
+
 def interval_text(group: dict[str, Any], name: str, center: str = "iqm") -> str:
-    """A group's figure with its interval, e.g. "412 [380, 450]" ("-": none)."""
+    """A group's figure with its interval, e.g. "412 [380, 450]" ("-": none); an IQM over
+    fewer than IQM_SEEDS seeds is marked "(mean)"."""
     point, low, high = (group[f"{name}_{part}"] for part in (center, "low", "high"))
     if point is None:
         return "-"
     digits = 0 if abs(point) >= 100 else 1
-    return f"{point:,.{digits}f} [{low:,.{digits}f}, {high:,.{digits}f}]"
+    plain = " (mean)" if center == "iqm" and group["seeds"] < IQM_SEEDS else ""
+    return f"{point:,.{digits}f} [{low:,.{digits}f}, {high:,.{digits}f}]{plain}"
 
 
 def configuration(overrides: list[str]) -> tuple[str, ...]:
@@ -107,13 +114,8 @@ def varies_seed(rows: list[dict[str, Any]]) -> bool:
 def curve(job_dir: Path) -> tuple[np.ndarray, np.ndarray]:
     """(env steps, last known return mean) per iteration, from the job's metrics.jsonl."""
     path = job_dir / "metrics.jsonl"
-    points = []
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            row = json.loads(line)
-            ret = row.get("last_episode_return_mean", row.get("episode_return_mean"))
-            if row.get("env_steps") is not None and ret is not None:
-                points.append((row["env_steps"], ret))
+    lines = path.read_text().splitlines() if path.is_file() else []
+    points = return_points(json.loads(line) for line in lines)
     data = np.asarray(points, dtype=float).reshape(-1, 2)
     return data[:, 0], data[:, 1]
 

@@ -11,6 +11,7 @@ A search's trials are logged by Ray Tune's own `WandbLoggerCallback` (runner/tas
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import netrc
 import os
@@ -95,8 +96,6 @@ class WandbTracker:
             log.warning("logger=wandb: the run's end was not logged: %s", one_line(ex))
 
     def _finish(self, run_dir: Path, status: str) -> None:
-        import json
-
         import wandb
 
         videos = sorted((run_dir / "videos").glob("*.mp4"))

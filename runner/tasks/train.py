@@ -40,13 +40,10 @@ class RunEnded(RunnerError):
 def draw_learning_curve(run: TaskRun, progress: Any) -> None:
     """learning_curve.png, however the run ended (a signal and a crash included)."""
     from runner.results import plots
+    from runner.results.files import return_points
 
     rows = progress.rows
-    training = [
-        (r["env_steps"], r["last_episode_return_mean"])
-        for r in rows
-        if r["env_steps"] is not None and r["last_episode_return_mean"] is not None
-    ]
+    training = return_points(rows)
     evaluation = [(r["env_steps"] or 0, r["eval_return_mean"]) for r in rows]
     evaluated = [(x, y) for x, y in evaluation if y is not None]
     if training or evaluated:
