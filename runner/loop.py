@@ -300,7 +300,10 @@ class Training:
         keep = self.settings.checkpoint
         checkpoints.prune(run_dir, keep.keep, keep.keep_best)
         if self.run.mirror is not None:
-            self.run.mirror.push()
+            try:
+                self.run.mirror.push()
+            except RunnerError as ex:  # what is not there yet goes with the next copy
+                console.print(f"warning: {ex} (copied again after the next checkpoint)")
         return self.saved
 
     def interrupted(self, watch: Watch) -> None:

@@ -14,7 +14,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +42,15 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def s3() -> dict[str, str]:
+def s3() -> Iterator[dict[str, str]]:
     """A local S3 server and a bucket in it; the environment that reaches them."""
+    server, env = _server()
+    yield env
+    server.kill()
+    server.wait()
+
+
+def _server() -> tuple[subprocess.Popen, dict[str, str]]:
     port = _free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
@@ -64,9 +73,7 @@ def s3() -> dict[str, str]:
                 server.kill()
                 raise
             time.sleep(0.3)
-    yield env
-    server.kill()
-    server.wait()
+    return server, env
 
 
 def _client(env: dict[str, str]):
@@ -305,3 +312,46 @@ def test_a_sweep_mirrors_each_job_and_its_summary(s3, tmp_path) -> None:
     assert there["summary.md"] == (local / "summary.md").read_bytes()
     for job in ("0", "1"):
         assert json.loads(there[f"{job}/summary.json"])["iterations"] == 1
+
+
+@pytest.mark.slow
+def test_a_store_lost_while_training_is_a_warning_and_the_last_copy_fails_the_job(
+    tmp_path,
+) -> None:
+    """The S3 server killed once the first checkpoint is there: training goes on, each later
+    copy warns, the last one fails the job, and the local run dir is whole."""
+    server, env = _server()
+
+    def kill_after_the_first_checkpoint() -> None:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            try:
+                if any(k.endswith("manifest.json") for k in _keys(env, f"{PREFIX}/outputs")):
+                    break
+            except Exception:
+                pass
+            time.sleep(0.2)
+        server.kill()
+
+    killer = threading.Thread(target=kill_after_the_first_checkpoint)
+    killer.start()
+    try:
+        result = run_cli(
+            tmp_path,
+            *TINY_LOCAL,
+            "stop.iterations=4",
+            "checkpoint.every=1",
+            f"results.uri={URI}",
+            run_dir="outputs/runs/lost",
+            env=env,
+        )
+    finally:
+        killer.join()
+        server.wait()
+    out = result.stdout + result.stderr
+    assert result.returncode != 0, out[-3000:]
+    assert "warning: results.uri=s3://my-bucket/rllib: copying to" in out, out[-3000:]
+    assert "results.uri=s3://my-bucket/rllib: copying to" in result.stderr.splitlines()[-1]
+    summary = result.json("summary.json")
+    assert summary["status"] == "finished" and summary["iterations"] == 4
+    assert len(checkpoints.complete(result.run_dir)) == 3  # checkpoint.keep
