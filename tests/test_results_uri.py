@@ -284,6 +284,8 @@ def test_the_mirror_sends_manifests_last_and_removes_pruned_checkpoints(
     sent.clear()
     mirror.push()
     assert sent == [], "unchanged files were sent again"
+    mirror._send(run_dir / "gone.tmp", "gone.tmp")  # a logger's file gone since the listing
+    assert sent == [] and not (copied / "gone.tmp").exists()
 
     for p in (run_dir / "checkpoints" / "iter_000001").iterdir():
         p.unlink()

@@ -109,7 +109,10 @@ class Mirror:
             ) from None
 
     def _send(self, path: Path, relative: str) -> None:
-        stat = path.stat()
+        try:
+            stat = path.stat()
+        except FileNotFoundError:  # a logger's temporary file, gone since the listing
+            return
         if self.sent.get(relative) == (stat.st_size, stat.st_mtime_ns):
             return
         target = f"{self.root}/{relative}"
@@ -118,7 +121,11 @@ class Mirror:
         else:
             self.fs.create_dir(str(PurePosixPath(target).parent))
             written = f"{target}.{uuid.uuid4().hex}.tmp"
-        with path.open("rb") as source, self.fs.open_output_stream(written) as out:
+        try:
+            source = path.open("rb")
+        except FileNotFoundError:
+            return
+        with source, self.fs.open_output_stream(written) as out:
             shutil.copyfileobj(source, out, BLOCK)
         if written != target:
             self.fs.move(written, target)
@@ -161,7 +168,8 @@ class Mirror:
                 if self.fs.get_file_info(manifest).type == pafs.FileType.File:
                     self.fs.delete_file(manifest)
                 self.fs.delete_dir(info.path)
-                self.sent = {k: v for k, v in self.sent.items() if info.base_name not in k}
+                gone = f"{CHECKPOINTS}/{info.base_name}/"
+                self.sent = {k: v for k, v in self.sent.items() if not k.startswith(gone)}
 
 
 def _payload(relative: str) -> bool:
