@@ -55,13 +55,13 @@ def find_checkpoint(path_text: str, setting: str = "resume") -> tuple[Path, Path
         run_dir = path.parent.parent
         return checkpoints.verified(path), run_dir if (run_dir / ".hydra").is_dir() else None
     checkpoint = checkpoints.best(path) if which == BEST else checkpoints.latest(path)
-    if checkpoint is not None and pulled:
-        pulled.fetch(checkpoint)
     if checkpoint is None:
         raise ConfigError(
             f"{setting} path '{path}' holds no checkpoint (no checkpoints/*/{CHECKPOINT_FILE}); "
             "pass a run dir of this runner or an RLlib checkpoint dir"
         )
+    if pulled:  # only the chosen checkpoint's files come down
+        pulled.fetch(checkpoint)
     return checkpoints.verified(checkpoint), path
 
 

@@ -14,6 +14,7 @@ from runner.compile import settings as compile_settings
 from runner.compile.settings import CompileSpec
 from runner.envs import check_spelling
 from runner.errors import ConfigError
+from runner.results import remote
 from runner.schema import AUTO, CheckOn, LoggerConfig, RunnerConfig, ScalingConfig
 from runner.tasks.base import Task
 
@@ -85,7 +86,7 @@ def check_run(settings: RunnerConfig) -> None:
             "(e.g. eval.every=5)"
         )
     uri = settings.results.uri
-    if uri is not None and "://" not in uri:
+    if uri is not None and not remote.is_uri(uri):
         raise ConfigError(
             f"results.uri={uri}: not a filesystem URI; use s3://bucket/prefix, gs://bucket/prefix "
             "or file:///absolute/path (a local run dir needs no setting)"
