@@ -195,6 +195,9 @@ class Training:
         self.algo: Any = None
         self.saved: Path | None = None  # the checkpoint this iteration wrote, if any
         self.iteration_seconds = 0.0  # the last Algorithm.train()'s own seconds
+        # The return the checkpoint resumed from last knew, for iterations that end no
+        # episode before this run's first does (a Tune searcher needs it in every result).
+        self.resumed_row: dict[str, Any] | None = None
         self.train_start = time.perf_counter()
 
     def build(self) -> Any:
@@ -202,6 +205,11 @@ class Training:
         self.algo = self.run.config.build_algo()
         if self.run.checkpoint is not None:
             self.algo.restore_from_path(str(Path(self.run.checkpoint).resolve()))
+            known = (checkpoints.manifest(Path(self.run.checkpoint)) or {}).get(
+                "episode_return_mean"
+            )
+            if known is not None:
+                self.resumed_row = {"last_episode_return_mean": known, "return_age": 0}
             console.print(f"resumed from {self.run.checkpoint} at iteration {self.algo.iteration}")
         self.train_start = time.perf_counter()
         return self.algo
@@ -223,7 +231,7 @@ class Training:
         run, settings, progress, algo = self.run, self.settings, self.progress, self.algo
         self.saved = None
         row = headline(result, time.perf_counter() - run.start_time)
-        carry_last_return(row, progress.rows[-1] if progress.rows else None)
+        carry_last_return(row, progress.rows[-1] if progress.rows else self.resumed_row)
         if run.spec is not None and run.spec.env_runners:
             from runner.compile import report as compile_report
 

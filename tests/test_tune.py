@@ -321,7 +321,9 @@ def _wait_for_results(tune_dir: Path, lines: int, timeout: float) -> None:
 
 @pytest.mark.slow
 def test_interrupted_search_exits_130_and_resume_finishes_it(tmp_path: Path):
-    args = [*SMALL_SEARCH, "task.num_samples=4", "hydra.run.dir=first"]
+    # A budget of 12 iterations a trial, so the signal lands while the search runs (with 4,
+    # a fast machine could finish the search before Tune's result files showed two).
+    args = [*SMALL_SEARCH, "stop.env_steps=6000", "task.num_samples=4", "hydra.run.dir=first"]
     proc = subprocess.Popen(
         [sys.executable, "-m", "runner", *args],
         cwd=tmp_path,
