@@ -12,11 +12,13 @@
 # their actors share the cores of a smaller machine the same way.
 set -uo pipefail
 out=${OUT:-outputs/tuned}
-seeds=${SEEDS:-0,1,2}
+seeds=${SEEDS:-0,1,2,3,4}
 cpus=${NUM_CPUS:-8}
 py=${PYTHON:-python}
 names="main_job tuned_ppo_cartpole tuned_ppo_pendulum tuned_dqn_cartpole tuned_sac_pendulum
-tuned_appo_cartpole tuned_impala_cartpole tuned_ppo_multi_agent_cartpole tuned_ppo_acrobot"
+tuned_appo_cartpole tuned_impala_cartpole tuned_ppo_multi_agent_cartpole tuned_ppo_acrobot
+tuned_ppo_simple_spread tuned_ppo_lunarlander tuned_ppo_mountaincar tuned_dqn_acrobot
+tuned_dqn_mountaincar tuned_dqn_lunarlander"
 for name in $names; do
   if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]]; then
     continue

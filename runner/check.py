@@ -1,5 +1,7 @@
 """A run's pass criterion, as RLlib's tuned examples state one (their `--as-test` mode):
-`metric` reaches `threshold` within an env-step budget.
+`metric` reaches `threshold` within an env-step budget. Where no source states a
+threshold (`check.baseline=random`), the run measures a random policy's return before it
+trains and the threshold is that return plus `baseline_stds` of its standard deviations.
 
 The training loop feeds `Check.update` each iteration's flattened result; the check
 says when the run may stop (passed, or the budget spent) and what summary.json records.
@@ -10,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from runner.errors import RunnerError
 from runner.schema import CheckConfig, CheckOn
@@ -31,10 +35,38 @@ class Check:
     best: float | None = None
     env_steps_to_threshold: float | None = None
     seconds_to_threshold: float | None = None
+    threshold: float | None = None  # the config's, or the one measured from the baseline
+    baseline: dict[str, Any] | None = None  # the random policy's returns, when measured
+
+    def __post_init__(self) -> None:
+        self.threshold = self.config.threshold
 
     @property
     def active(self) -> bool:
-        return self.config.enabled and self.config.threshold is not None
+        config = self.config
+        return config.enabled and (config.threshold is not None or config.baseline is not None)
+
+    @property
+    def needs_baseline(self) -> bool:
+        return self.active and self.config.baseline is not None and self.baseline is None
+
+    def set_baseline(self, returns: list[float], seed: int | None) -> str:
+        """The threshold from a random policy's episode returns; the line that says so."""
+        mean, std = float(np.mean(returns)), float(np.std(returns))
+        self.threshold = mean + self.config.baseline_stds * std
+        self.baseline = {
+            "policy": "random",
+            "episodes": len(returns),
+            "seed": seed,
+            "return_mean": mean,
+            "return_std": std,
+            "stds": self.config.baseline_stds,
+        }
+        return (
+            f"check: a random policy returned {mean:.1f} +- {std:.1f} over {len(returns)} "
+            f"episodes; threshold {self.threshold:.1f} (its mean + {self.config.baseline_stds:g} "
+            "std)"
+        )
 
     @property
     def metric(self) -> str:
@@ -49,16 +81,16 @@ class Check:
 
     def update(self, metrics: dict[str, float], env_steps: float, seconds: float) -> str | None:
         """Take one iteration's metrics; the stop reason when the check is decided."""
-        if not self.active:
+        if not self.active or self.threshold is None:
             return None
         config = self.config
         if self.metric in metrics:  # absent when no episode ended (SAC, DQN): keep the last
             self.value = metrics[self.metric]
             self.best = self.value if self.best is None else max(self.best, self.value)
-        if self.value is not None and self.value >= config.threshold:
+        if self.value is not None and self.value >= self.threshold:
             self.env_steps_to_threshold, self.seconds_to_threshold = env_steps, seconds
             return (
-                f"check passed: {self.metric} {self.value:.1f} >= {config.threshold:g} "
+                f"check passed: {self.metric} {self.value:.1f} >= {self.threshold:g} "
                 f"at {env_steps:,.0f} env steps"
             )
         if config.env_steps is not None and env_steps >= config.env_steps:
@@ -68,14 +100,16 @@ class Check:
     def _shortfall(self) -> str:
         best = "no value" if self.best is None else f"best {self.best:.1f}"
         budget = f" within {self.config.env_steps:,} env steps" if self.config.env_steps else ""
-        return f"{self.metric} {best} < {self.config.threshold:g}{budget}"
+        threshold = "no threshold" if self.threshold is None else f"{self.threshold:g}"
+        return f"{self.metric} {best} < {threshold}{budget}"
 
     def to_dict(self) -> dict[str, Any]:
         """summary.json's `check` section."""
         return {
             "enabled": self.active,
             "metric": self.metric,
-            "threshold": self.config.threshold,
+            "threshold": self.threshold,
+            "baseline": self.baseline,
             "env_steps_budget": self.config.env_steps,
             "source": self.config.source,
             "passed": self.passed if self.active else None,

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from runner import published
 from runner.errors import RunnerError, tool_exit_code
+from runner.results.seeds import IQM_SEEDS
 
 BEGIN, END = "<!-- {}:begin -->", "<!-- {}:end -->"
 
@@ -59,6 +60,24 @@ def _rows(block: str) -> dict[str, str]:
     return {row.split(" | ")[0][2:]: row for row in rows}
 
 
+def _cells(row: str) -> list[str]:
+    return [cell.strip() for cell in row.strip().strip("|").split("|")]
+
+
+def _marked_mean(row: str, header: str) -> str:
+    """An earlier row with its final return marked "(mean)" where fewer than IQM_SEEDS seeds
+    made it (an interquartile mean of so few trims nothing), as the report marks its own:
+    rows from before the report marked them lacked it."""
+    names, cells = _cells(header), _cells(row)
+    if not {"seeds passed", "final return"} <= set(names):
+        return row
+    seeds = int(cells[names.index("seeds passed")].split("/")[1])
+    at = names.index("final return")
+    if seeds < IQM_SEEDS and cells[at] != "-" and not cells[at].endswith("(mean)"):
+        cells[at] += " (mean)"
+    return "| " + " | ".join(cells) + " |"
+
+
 def merged_verification(text: str, body: str) -> str:
     """The new verification table, with the rows of the page's earlier table for the
     configurations this report did not measure (a run of one experiment, e.g. ONLY=...
@@ -66,11 +85,11 @@ def merged_verification(text: str, body: str) -> str:
     begin, end = BEGIN.format("verification"), END.format("verification")
     earlier = text.split(begin, 1)[1].split(end, 1)[0] if begin in text else ""
     new, kept = _rows(body), _rows(earlier)
-    kept = {name: row for name, row in kept.items() if name not in new}
+    table = [line for line in body.splitlines() if line.startswith("| ")][:1]
+    kept = {name: _marked_mean(row, table[0]) for name, row in kept.items() if name not in new}
     if not kept:
         return body
     head = [line for line in body.splitlines() if not line.startswith("| ")]
-    table = [line for line in body.splitlines() if line.startswith("| ")][:1]
     rows = [row for _, row in sorted({**kept, **new}.items())]
     names = ", ".join(sorted(kept))
     note = f"Rows kept from the earlier table (not measured by this run): {names}."

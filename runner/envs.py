@@ -18,8 +18,9 @@ env.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
+from itertools import islice
 from typing import Any
 
 import gymnasium as gym
@@ -306,17 +307,53 @@ def _made_here(
     return built
 
 
-def random_rollout(env: Any, seed: int | None, n: int) -> dict[str, np.ndarray]:
-    """n real transitions of the env, random actions: what a batch is made of."""
-    env.action_space.seed(seed)
+def random_steps(env: gym.Env | MultiAgentEnv, seed: int | None) -> Iterator[tuple]:
+    """Uniformly random actions, an episode after another, as (obs, action, next obs,
+    reward, terminated, truncated); a multi-agent env's reward summed over its agents, as
+    RLlib's episode_return_mean sums them."""
+    multi_agent = isinstance(env, MultiAgentEnv)
+    spaces: dict[Any, gym.Space] = {}
+
+    def space(agent: Any) -> gym.Space:  # one seeded space per agent, made when it acts
+        if agent not in spaces:
+            spaces[agent] = env.get_action_space(agent) if multi_agent else env.action_space
+            spaces[agent].seed(None if seed is None else seed + len(spaces))
+        return spaces[agent]
+
     obs, _ = env.reset(seed=seed)
-    columns: dict[str, list] = {c: [] for c in ("obs", "next", "action", "reward", "done")}
-    for _ in range(n):
-        action = env.action_space.sample()
-        next_obs, reward, terminated, truncated, _ = env.step(action)
-        for column, value in zip(
-            columns.values(), (obs, next_obs, action, reward, terminated), strict=True
-        ):
-            column.append(value)
-        obs = env.reset()[0] if terminated or truncated else next_obs
-    return {name: np.asarray(values) for name, values in columns.items()}
+    ended: set[Any] = set()  # a multi-agent env's agents whose episode ended before the rest
+    while True:
+        if multi_agent:
+            action = {agent: space(agent).sample() for agent in obs if agent not in ended}
+            next_obs, rewards, terminateds, truncateds, _ = env.step(action)
+            ended |= {a for a in action if terminateds.get(a) or truncateds.get(a)}
+            reward = sum(rewards.values())
+            terminated, truncated = (d.get("__all__", False) for d in (terminateds, truncateds))
+        else:
+            action = space(None).sample()
+            next_obs, reward, terminated, truncated, _ = env.step(action)
+        yield obs, action, next_obs, float(reward), terminated, truncated
+        if terminated or truncated:
+            (obs, _), ended = env.reset(), set()
+        else:
+            obs = next_obs
+
+
+def random_rollout(env: gym.Env, seed: int | None, n: int) -> dict[str, np.ndarray]:
+    """n real transitions of the env, random actions: what a batch is made of."""
+    columns = zip(*islice(random_steps(env, seed), n), strict=True)
+    names = ("obs", "action", "next", "reward", "terminated", "truncated")
+    return {name: np.asarray(values) for name, values in zip(names, columns, strict=True)}
+
+
+def random_returns(env: gym.Env | MultiAgentEnv, seed: int | None, episodes: int) -> list[float]:
+    """Whole episodes' returns with random actions: a baseline to beat."""
+    steps, returns = random_steps(env, seed), []
+    while len(returns) < episodes:
+        total = 0.0
+        for *_, reward, terminated, truncated in steps:
+            total += reward
+            if terminated or truncated:
+                break
+        returns.append(total)
+    return returns

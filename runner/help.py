@@ -110,10 +110,9 @@ def text(config_dir: str) -> str:
         lines.append("  (RL Zoo's where RLlib has none) with their pass criteria (docs/tuned.md):")
         lines += _rows(tuned, "    ")
         lines.append(
-            f"  and {len(others)} reproductions of RLlib's published torch.compile tables "
-            "(docs/reproductions.md),"
+            f"  and {len(others)} reproductions of RLlib's torch.compile tables "
+            "(docs/reproductions.md): `python -m runner.published`."
         )
-        lines.append("    listed with their figures by `python -m runner.published`.")
     lines += [
         "",
         "Other keys: stop.*, check.*, checkpoint.*, record.*, seed, ray.*, dry_run=true (plan, run",
@@ -123,7 +122,6 @@ def text(config_dir: str) -> str:
         "To start with (the README's first screen):",
         *(f"  {what.ljust(8)}  {command}" for what, command in START),
         "",
-        "python -m runner --cfg job prints the composed config (overrides applied), runs nothing;",
-        "python -m runner --hydra-help is Hydra's own help (its flags, e.g. --multirun).",
+        "--cfg job prints the composed config and runs nothing; --hydra-help is Hydra's own help.",
     ]
     return "\n".join(lines)  # print() ends it

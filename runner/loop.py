@@ -201,7 +201,20 @@ class Training:
         self.train_start = time.perf_counter()
 
     def build(self) -> Any:
-        """The Algorithm, restored from the run's checkpoint when it has one."""
+        """The Algorithm, restored from the run's checkpoint when it has one; a check
+        against a random policy measures that policy first."""
+        check = self.progress.check
+        if check.needs_baseline:
+            from runner.envs import make_env, random_returns
+
+            env = make_env(self.run.config)
+            try:
+                returns = random_returns(env, self.settings.seed, check.config.baseline_episodes)
+            finally:
+                env.close()
+            line = check.set_baseline(returns, self.settings.seed)
+            if not self.quiet:
+                console.print(line)
         self.algo = self.run.config.build_algo()
         if self.run.checkpoint is not None:
             self.algo.restore_from_path(str(Path(self.run.checkpoint).resolve()))

@@ -14,6 +14,7 @@ import torch
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.env.multi_agent_env import MultiAgentEnv
 
+from runner.check import Check
 from runner.compile.settings import CompileSpec, missing_packages
 from runner.envs import agent_ids, make_env, setting
 from runner.errors import ConfigError, did_you_mean
@@ -307,7 +308,7 @@ def check(
     report.warnings += _learner_placement(config, res)
     if (
         report.problems
-        and (settings.reproduction or settings.check.threshold is not None)
+        and (settings.reproduction or Check(settings.check).active)
         and settings.hardware.accelerator == Accelerator.cuda
     ):
         report.problems[-1] += (

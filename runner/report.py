@@ -268,6 +268,18 @@ def configuration_label(row: dict[str, Any]) -> str:
     return " ".join([name, *sorted(rest)])
 
 
+def criterion(group: dict[str, Any]) -> str:
+    """The threshold, and where a random policy set it, that policy's return beside it."""
+    if group["threshold"] is None:  # every seed ended before it measured its random policy
+        return "not measured"
+    if group.get("baseline_return") is None:
+        return f"{group['threshold']:g}"
+    return (
+        f"{group['threshold']:.1f} (a random policy's {group['baseline_return']:.1f} "
+        f"+ {group['baseline_stds']:g} std)"
+    )
+
+
 def verification_markdown(groups: list[dict[str, Any]], command: str) -> str:
     """One row per configuration: its criterion, and how its seeds did against it."""
     lines = [
@@ -283,7 +295,7 @@ def verification_markdown(groups: list[dict[str, Any]], command: str) -> str:
         budget = f" within {g['env_steps_budget']:,}" if g["env_steps_budget"] else ""
         wall = "-" if g["wall_seconds_median"] is None else f"{g['wall_seconds_median']:,.0f}"
         lines.append(
-            f"| {g['configuration']} | {g['threshold']:g}{budget} | {g['passed']}/{g['seeds']} "
+            f"| {g['configuration']} | {criterion(g)}{budget} | {g['passed']}/{g['seeds']} "
             f"| {seeds.interval_text(g, 'steps_to_threshold', 'median')} "
             f"| {seeds.interval_text(g, 'final_return')} | {wall} "
             f"| {g['source'] or ''} |"

@@ -209,6 +209,10 @@ class CheckOn(str, Enum):
     evaluation = "evaluation"
 
 
+class CheckBaseline(str, Enum):
+    random = "random"
+
+
 @dataclass
 class CheckConfig:
     """A pass criterion as RLlib's tuned examples state one: `metric` (a path into RLlib's
@@ -224,6 +228,13 @@ class CheckConfig:
     # training: `metric` in the training result; evaluation: in the result of evaluation
     # during training (eval.*), e.g. the greedy policy's return.
     on: CheckOn = CheckOn.training
+    # For an env no source states a criterion for: `random` makes the threshold a random
+    # policy's return, measured by the run before it trains (its mean over
+    # `baseline_episodes` episodes, summed over agents as RLlib sums them), plus
+    # `baseline_stds` standard deviations of those episodes' returns. threshold stays null.
+    baseline: CheckBaseline | None = None
+    baseline_episodes: int = 100
+    baseline_stds: float = 1.0
 
 
 @dataclass

@@ -85,6 +85,13 @@ def check_run(settings: RunnerConfig) -> None:
             "check.on=evaluation reads the evaluation during training: set eval.every "
             "(e.g. eval.every=5)"
         )
+    if check.baseline is not None and check.threshold is not None:
+        raise ConfigError(
+            f"check.baseline={check.baseline.value} measures the threshold: drop "
+            f"check.threshold={check.threshold:g} (check.threshold=null), or check.baseline=null"
+        )
+    if check.baseline_episodes < 1:
+        raise ConfigError(f"check.baseline_episodes must be >= 1, got {check.baseline_episodes}")
     uri = settings.results.uri
     if uri is not None and not remote.is_uri(uri):
         raise ConfigError(

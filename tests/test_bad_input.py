@@ -132,6 +132,10 @@ CASES = {
     "a results.uri that is a path": (["results.uri=outputs/x"], "not a filesystem URI"),
     "a results.uri no filesystem opens": (["results.uri=foo://x/y"], "no filesystem opens"),
     "negative check budget": (["check.env_steps=-5"], "check.env_steps must be >= 0"),
+    "a typed threshold beside a measured one": (
+        ["check.baseline=random", "check.threshold=5"],
+        "check.baseline=random measures the threshold: drop check.threshold=5",
+    ),
     "negative Ray CPUs": (["ray.num_cpus=-1"], "ray.num_cpus must be >= 0"),
     "misspelled log level": (["ray.log_level=EROR"], "expected one of [DEBUG, INFO"),
     "another task's setting": (["task.batch_sizes=[1]"], "unknown config key 'task.batch_sizes'"),

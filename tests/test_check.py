@@ -3,12 +3,16 @@ sets the exit code; real runs for pass and fail, the bookkeeping in-process."""
 
 from __future__ import annotations
 
+import warnings
+
+import numpy as np
 import pytest
 from conftest import TINY, prepared
 
 from runner.check import Check
+from runner.envs import make_env, random_returns
 from runner.errors import ConfigError
-from runner.schema import CheckConfig, CheckOn
+from runner.schema import CheckBaseline, CheckConfig, CheckOn
 
 METRIC = "env_runners/episode_return_mean"
 
@@ -23,6 +27,7 @@ def test_check_passes_at_the_threshold_and_keeps_the_last_known_value():
         "enabled": True,
         "metric": METRIC,
         "threshold": 100.0,
+        "baseline": None,
         "env_steps_budget": 1000,
         "source": "",
         "passed": True,
@@ -82,3 +87,38 @@ def test_a_run_that_misses_its_check_exits_1_in_one_line(cli):
     assert summary["check"]["passed"] is False
     assert summary["stop_reason"].startswith("check failed")
     assert summary["env_steps"] >= 800
+
+
+def test_a_random_policy_sets_the_threshold_where_no_source_states_one():
+    """Real envs: CartPole (one agent) and MPE2's Simple Spread (three, summed)."""
+    cartpole = make_env(prepared([]).config)
+    returns = random_returns(cartpole, 0, 30)
+    assert returns == random_returns(cartpole, 0, 30)  # the seed fixes them
+    assert all(r >= 8 for r in returns) and max(returns) < 100  # random CartPole: 8 to ~60
+    check = Check(CheckConfig(baseline=CheckBaseline.random, env_steps=1000))
+    assert check.active and check.needs_baseline
+    assert check.update({METRIC: 10.0}, 100, 1.0) is None  # no threshold measured yet
+    line = check.set_baseline(returns, 0)
+    mean, std = np.mean(returns), np.std(returns)
+    assert check.threshold == pytest.approx(mean + std) and not check.needs_baseline
+    assert line.startswith(f"check: a random policy returned {mean:.1f} +- {std:.1f} over 30")
+    assert check.update({METRIC: mean + std + 1}, 200, 2.0).startswith("check passed")
+    assert check.to_dict()["baseline"]["return_mean"] == pytest.approx(mean)
+    spread = make_env(prepared(["env=simple_spread"]).config)
+    agents = random_returns(spread, 0, 5)
+    assert len(agents) == 5 and all(r < 0 for r in agents)  # distances and collisions
+
+
+def test_a_random_policy_acts_only_for_agents_still_in_the_episode():
+    """Two CartPoles in one env end apart: the one that ended is not stepped again (gymnasium
+    warns on a step after `terminated`), and the episode's return sums both poles' steps."""
+    env = make_env(prepared(["env=multi_agent_cartpole"]).config)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        returns = random_returns(env, 0, 10)
+    assert len(returns) == 10 and all(16 <= r < 200 for r in returns)  # 2 poles, 8+ each
+
+
+def test_a_baseline_needs_episodes():
+    with pytest.raises(ConfigError, match=r"check.baseline_episodes must be >= 1"):
+        prepared(["check.baseline=random", "check.baseline_episodes=0"])

@@ -99,12 +99,14 @@ def test_multi_agent_cartpole_trains_with_no_policies_declared(
 
 def test_a_pettingzoo_game_gets_a_policy_per_agent_or_one_shared():
     """MPE2's Simple Spread from YAML alone (conf/env/simple_spread.yaml): RLlib's
-    ParallelPettingZooEnv around it, its agent ids read from the game."""
-    config = prepared(["env=simple_spread"]).config
+    ParallelPettingZooEnv around it, its agent ids read from the game. With no policies
+    declared (DQN has no tuned file for it) each agent gets its own; PPO's tuned file
+    (conf/tuned/ppo_simple_spread.yaml) shares one."""
+    config = prepared(["env=simple_spread", "algo=dqn"]).config
     agents = ["agent_0", "agent_1", "agent_2"]
     assert set(config.policies) == set(agents)
     assert [config.policy_mapping_fn(agent, None) for agent in agents] == agents
-    shared = prepared(["env=simple_spread", "env.policies=shared", "env.env_config.N=2"]).config
+    shared = prepared(["env=simple_spread", "env.env_config.N=2"]).config
     assert set(shared.policies) == {"shared"}
     env = make_env(shared)
     assert isinstance(env, ParallelPettingZooEnv) and sorted(env.possible_agents) == agents[:2]
@@ -118,8 +120,16 @@ def test_a_pettingzoo_game_gets_a_policy_per_agent_or_one_shared():
 def test_a_pettingzoo_game_trains_per_agent_and_shared_and_evaluates(tmp_path: Path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     game = ["env=simple_spread", "stop.iterations=1"]
-    per_agent = runner.run([*game, *TINY, "hydra.run.dir=per_agent"])
+    # Checked against a random policy (10 episodes), its threshold 10 std below its mean.
+    baseline = ["check.baseline=random", "check.baseline_episodes=10", "check.baseline_stds=-10"]
+    per_agent = runner.run(
+        [*game, *TINY, *baseline, "env.policies=per_agent", "hydra.run.dir=per_agent"]
+    )
     assert per_agent["status"] == "finished"
+    check = per_agent["check"]
+    assert check["passed"] and check["baseline"]["episodes"] == 10
+    measured = check["baseline"]["return_mean"] - 10 * check["baseline"]["return_std"]
+    assert check["threshold"] == pytest.approx(measured) and measured < 0
     assert set(per_agent["final_module_episode_returns_mean"]) == {"agent_0", "agent_1", "agent_2"}
     # DQN takes each agent's Discrete(5) action space.
     shared = runner.run([*game, "algo=dqn", "env.policies=shared", "hydra.run.dir=shared"])

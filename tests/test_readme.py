@@ -135,6 +135,12 @@ WAYS: dict[str, Way] = {
         env={"ONLY": "main_job", "SEEDS": "0", "EXTRA": "stop.iterations=1 check.threshold=1"},
         expect="refreshed docs/tuned.md",
     ),
+    # One cheap preset for 2 s (with no names it measures five for 45 s each).
+    "bash benchmarks/tuned_speed.sh": Way(
+        ("tuned_ppo_mountaincar",),
+        env={"SECS": "2"},
+        expect="tuned_ppo_mountaincar: ",
+    ),
     # Plan and preflight
     "python -m runner hardware=a100 compile=inductor_ro scaling.num_learners=2 dry_run=true": Way(
         expect="preflight would fail: hardware=a100 expects an NVIDIA A100 GPU"

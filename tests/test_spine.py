@@ -166,7 +166,8 @@ def test_the_env_factory_builds_every_env_with_the_same_settings():
     config = prepare(compose_config([*TINY, "+env.env_config.max_episode_steps=7"])).config
     assert config.env is envs.RunnerEnv
     driver = envs.make_env(config)
-    assert envs.random_rollout(driver, 0, 30)["done"].sum() == 0  # truncated, not terminated
+    rollout = envs.random_rollout(driver, 0, 30)
+    assert rollout["terminated"].sum() == 0 and rollout["truncated"].sum() == 4  # at 7 steps
     driver.reset(seed=0)
     steps = next(i for i in range(1, 20) if driver.step(driver.action_space.sample())[3])
     assert steps == 7

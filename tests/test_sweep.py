@@ -217,3 +217,12 @@ def test_interval_and_curve_band():
     grid, mid, _, _ = seeds.band([early, late])
     assert grid[0] == 10.0 and grid[-1] == 40.0
     assert mid[-1] == pytest.approx(4.0)  # mean of 3 (held) and 5
+
+
+def test_a_measured_threshold_names_the_random_policy_in_the_criterion():
+    from runner import report
+
+    assert report.criterion({"threshold": 27.0, "baseline_return": None}) == "27"
+    measured = {"threshold": -54.38, "baseline_return": -79.67, "baseline_stds": 1.0}
+    assert report.criterion(measured) == "-54.4 (a random policy's -79.7 + 1 std)"
+    assert report.criterion({"threshold": None, "baseline_return": None}) == "not measured"

@@ -24,6 +24,13 @@ TUNED = {
     "tuned_ppo_multi_agent_cartpole": (900, 400_000),
     "tuned_appo_pong": (18, 10_000_000),
     "tuned_ppo_acrobot": (-91.7, 1_000_000),
+    "tuned_dqn_acrobot": (-88.4, 100_000),
+    "tuned_dqn_mountaincar": (-110.8, 120_000),
+    "tuned_dqn_lunarlander": (75.1, 100_000),
+    "tuned_ppo_mountaincar": (-129.9, 1_000_000),
+    "tuned_ppo_lunarlander": (210.3, 1_000_000),
+    # No source states one: the threshold is a random policy's return, measured by the run.
+    "tuned_ppo_simple_spread": (None, 300_000),
 }
 
 
@@ -40,8 +47,11 @@ def test_tuned_experiment_states_its_pass_criterion(name: str):
     assert check.enabled and check.metric == "env_runners/episode_return_mean"
     assert check.on.value == ("evaluation" if check.source.startswith("rl-") else "training")
     # The source names RLlib's example file (else RL Zoo's files, for an env RLlib has no
-    # tuned example of), which the experiment's comment names too.
-    assert check.source.startswith(("rllib/examples/algorithms/", "rl-baselines3-zoo "))
+    # tuned example of), which the experiment's comment names too; with no source, the
+    # threshold is measured against a random policy.
+    assert check.source.startswith(("rllib/examples/algorithms/", "rl-baselines3-zoo ")) or (
+        check.baseline.value == "random" and "random policy" in check.source
+    )
     assert check.source in (Path(CONFIG_DIR) / "experiment" / f"{name}.yaml").read_text()
     # The check ends the run, not the runner's default stops.
     assert job.settings.stop.seconds is None and job.settings.stop.episode_return_mean is None
@@ -58,7 +68,8 @@ def test_settings_reach_rllib_as_the_examples_set_them():
     assert sac.metrics_num_episodes_for_smoothing == 5
     ppo = prepared(["experiment=tuned_ppo_cartpole"]).config
     assert (ppo.num_env_runners, ppo.num_envs_per_env_runner, ppo.num_learners) == (4, 16, 1)
-    assert (ppo.rollout_fragment_length, ppo.vf_clip_param, ppo.num_epochs) == (32, 10000, 5)
+    assert (ppo.num_epochs, ppo.vf_loss_coeff, ppo.train_batch_size_per_learner) == (6, 0.01, 4000)
+    assert (ppo.lambda_, ppo.clip_param, ppo.vf_clip_param) == (1.0, 0.3, 10.0)  # RLlib's
     appo = prepared(["experiment=tuned_appo_cartpole"]).config
     assert appo.num_aggregator_actors_per_learner == 2 and appo.vf_loss_coeff == 0.05
     pong = prepared(["experiment=tuned_appo_pong"])
@@ -75,6 +86,12 @@ TUNED_FILES = {
     "impala_cartpole": "tuned_impala_cartpole",
     "ppo_multi_agent_cartpole": "tuned_ppo_multi_agent_cartpole",
     "ppo_acrobot": "tuned_ppo_acrobot",
+    "dqn_acrobot": "tuned_dqn_acrobot",
+    "dqn_mountaincar": "tuned_dqn_mountaincar",
+    "dqn_lunarlander": "tuned_dqn_lunarlander",
+    "ppo_mountaincar": "tuned_ppo_mountaincar",
+    "ppo_lunarlander": "tuned_ppo_lunarlander",
+    "ppo_simple_spread": "tuned_ppo_simple_spread",
 }
 
 

@@ -233,8 +233,8 @@ def module_and_batch(
                 Columns.NEXT_OBS: tensor(data["next"]),
                 Columns.ACTIONS: tensor(data["action"]),
                 Columns.REWARDS: tensor(data["reward"], torch.float32),
-                Columns.TERMINATEDS: tensor(data["done"], torch.bool),
-                Columns.TRUNCATEDS: torch.zeros_like(tensor(data["done"], torch.bool)),
+                Columns.TERMINATEDS: tensor(data["terminated"], torch.bool),
+                Columns.TRUNCATEDS: tensor(data["truncated"], torch.bool),
             }
         )
     else:

@@ -30,6 +30,8 @@ COLUMNS = (
     "passed",
     "pass_rate",
     "threshold",
+    "baseline_return",
+    "baseline_stds",
     "env_steps_budget",
     "source",
     "final_return_iqm",
@@ -151,12 +153,19 @@ def group(rows: list[dict[str, Any]], out_dir: Path, label: Callable[[dict], str
         done = [r for r in jobs if "check" in r]  # those that wrote a summary.json
         checks = [r["check"] for r in done if r["check"].get("enabled")]
         reached = [c["env_steps_to_threshold"] for c in checks if c.get("passed")]
+        # A threshold measured from a random policy differs by seed: their mean.
+        thresholds = [c["threshold"] for c in checks if c.get("threshold") is not None]
+        baselines = [c["baseline"] for c in checks if c.get("baseline")]
         row: dict[str, Any] = {
             "configuration": label(jobs[0]),
             "seeds": len(jobs),
             "passed": len(reached) if checks else None,
             "pass_rate": len(reached) / len(jobs) if checks else None,
-            "threshold": checks[0]["threshold"] if checks else None,
+            "threshold": float(np.mean(thresholds)) if thresholds else None,
+            "baseline_return": (
+                float(np.mean([b["return_mean"] for b in baselines])) if baselines else None
+            ),
+            "baseline_stds": baselines[0]["stds"] if baselines else None,
             "env_steps_budget": checks[0]["env_steps_budget"] if checks else None,
             "source": checks[0].get("source") if checks else None,
         }

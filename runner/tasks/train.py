@@ -47,7 +47,7 @@ def draw_learning_curve(run: TaskRun, progress: Any) -> None:
     evaluation = [(r["env_steps"] or 0, r["eval_return_mean"]) for r in rows]
     evaluated = [(x, y) for x, y in evaluation if y is not None]
     if training or evaluated:
-        threshold = progress.check.config.threshold if progress.check.active else None
+        threshold = progress.check.threshold if progress.check.active else None
         plots.learning_curve(run.run_dir / "learning_curve.png", training, evaluated, threshold)
 
 
