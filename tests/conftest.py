@@ -41,9 +41,21 @@ def pytest_itemcollected(item: pytest.Item) -> None:
         item.add_marker(pytest.mark.xdist_group(item.module.__name__))
 
 
+def _dispatch_order(item: pytest.Item) -> tuple[bool, bool]:
+    """xdist hands out the tests outside a group one at a time, in collection order: the
+    quick ones go after the slow ones, so a run ends on short tests with both workers busy,
+    and a test marked `alone` goes last, where the other worker has nothing left to wait
+    with (in the middle of a run it idles while the alone test waits and runs)."""
+    grouped = item.get_closest_marker("xdist_group") is not None
+    quick = not grouped and item.get_closest_marker("slow") is None
+    return item.get_closest_marker("alone") is not None, quick
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The ipex tests need the ipex extra (CI's second lane): left out unless an -m
-    expression names ipex."""
+    expression names ipex. The rest in the order `_dispatch_order` gives (a stable sort:
+    a module's grouped tests keep theirs)."""
+    items.sort(key=_dispatch_order)
     if "ipex" in (config.getoption("markexpr") or ""):
         return
     ipex = [item for item in items if item.get_closest_marker("ipex")]

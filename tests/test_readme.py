@@ -126,9 +126,9 @@ WAYS: dict[str, Way] = {
     "python -m runner experiment=tuned_ppo_cartpole ray.num_cpus=8": Way(
         ("dry_run=true",), expect="dry run: nothing started"
     ),
-    # Seeds grouped: tests/test_sweep.py, over 3 seeds.
+    # Planned: seeds are swept and grouped by tests/test_sweep.py, over 3 seeds.
     "python -m runner -m experiment=tuned_dqn_cartpole seed=0,1,2,3,4": Way(
-        ("seed=0", *TINY, "check.threshold=1"), expect="sweep: 1 jobs, 0 failed"
+        ("dry_run=true",), expect="dry run: 5 jobs, 0 invalid"
     ),
     # docs/tuned.md
     "DOC=docs/tuned.md bash benchmarks/tuned_experiments.sh": Way(
@@ -179,9 +179,10 @@ WAYS: dict[str, Way] = {
     # tests/test_reproductions.py, which checks what it measured).
     "python -m runner task=exploration_bench compile=onnxrt_default scaling.num_env_runners=1 "
     "task.timed_iterations=2": Way(("dry_run=true",), expect="dry run: nothing started"),
-    # One batch size: each is a compile of its own per backend.
+    # One batch size and two backends: each is a compile of its own per backend.
     "python benchmarks/compile_forward.py --envs cartpole --iterations 100": Way(
-        ("--batch-sizes", "16"), expect="cartpole  inductor   batch  16"
+        ("--batch-sizes", "16", "--backends", "eager", "inductor"),
+        expect="cartpole  inductor   batch  16",
     ),
     # docs/reproductions.md (--help: --write would rewrite conf/experiment/ in the checkout)
     "python -m runner.published --write": Way(("--help",), expect="regenerate conf/experiment/"),
