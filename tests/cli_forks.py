@@ -34,9 +34,9 @@ import runner.__main__ as entry
 import runner.app, runner.compile.auto, runner.loop, runner.onnx_export, runner.tasks.tune
 import runner.sweep
 import ray._raylet as ray_raylet
-# A training run draws its learning curve (matplotlib, about 0.5 s to import and load its
-# fonts); a run's own Ray checks the dashboard's dependencies (aiohttp and more) even
-# without a dashboard.
+# A training run draws its learning curve (matplotlib: its import and its font cache); a
+# run's own Ray checks the dashboard's dependencies (aiohttp and more) even without a
+# dashboard.
 import ray.dashboard.optional_deps
 from runner.results import plots
 

@@ -44,8 +44,8 @@ def pytest_itemcollected(item: pytest.Item) -> None:
 def _dispatch_order(item: pytest.Item) -> tuple[bool, bool]:
     """xdist hands out the tests outside a group one at a time, in collection order: the
     quick ones go after the slow ones, so a run ends on short tests with both workers busy,
-    and a test marked `alone` goes last, where the other worker has nothing left to wait
-    with (in the middle of a run it idles while the alone test waits and runs)."""
+    and a test marked `alone` goes last (mid-run the other worker idles while it waits for
+    its turn and runs; at the end that worker has nothing left to run anyway)."""
     grouped = item.get_closest_marker("xdist_group") is not None
     quick = not grouped and item.get_closest_marker("slow") is None
     return item.get_closest_marker("alone") is not None, quick
