@@ -6,22 +6,29 @@ server process that imports the runner's entry point once, then forks a child pe
 (two at a time): the child changes to the case's dir, points its stdout and stderr at
 files, sets sys.argv and calls the real `runner.__main__.main`, and its exit status is
 the CLI's. A case's seconds count from its fork, so they leave out the shared import:
-tests that run the CLI whole (test_faults, test_package) time the rest.
+a test that runs the CLI whole (test_package's installed wheel) times the rest.
 
 `server()` is one such process for the whole test session, taking one run at a time: the
 README's `python -m runner ...` commands run through it (tests/test_readme.py), each
 with the environment the user's shell would give it, its clock starting at its fork.
+`server().start(...)` hands back the run while it runs (its pid, its output as it comes),
+for the fault tests' signals and killed actors: the child is the CLI's process, the one
+a signal reaches and the Ray it starts belongs to.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,6 +70,9 @@ def start(job):
                 site.addsitedir(sitedir)
             importlib.invalidate_caches()
             for fd, name in ((1, "stdout"), (2, "stderr")):
+                if fd == 2 and job["stderr"] == job["stdout"]:
+                    os.dup2(1, 2)  # one file, in the order the lines came
+                    break
                 f = os.open(job[name], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
                 os.dup2(f, fd)
             sys.argv = ["runner", *job["args"]]
@@ -83,7 +93,11 @@ while running or not exhausted:
             exhausted = True
             break
         job = json.loads(line)
-        running[start(job)] = (job["i"], time.perf_counter())
+        pid = start(job)
+        running[pid] = (job["i"], time.perf_counter())
+        if job.get("announce"):  # the client signals it, or its actors, while it runs
+            print(json.dumps({"i": job["i"], "pid": pid}))
+            sys.stdout.flush()
     if running:
         pid, status = os.wait()
         i, started = running.pop(pid)
@@ -101,28 +115,33 @@ class Forked:
     seconds: float
 
 
-def _job(i: int, cwd: Path, args: list[str], env: dict[str, str] | None = None) -> dict:
-    """A job for the server: its output goes to files in a temp dir of its own."""
+def _job(
+    i: int, cwd: Path, args: list[str], env: dict[str, str] | None = None, merged: bool = False
+) -> dict:
+    """A job for the server: its output goes to files in a temp dir of its own (`merged`:
+    stdout and stderr to one file, as a terminal shows them)."""
     out = Path(tempfile.mkdtemp(prefix="fork-"))
+    stdout, stderr = out / "stdout", out / ("stdout" if merged else "stderr")
+    stdout.touch()  # there to read from the fork on
     return {
         "i": i,
         "cwd": str(cwd),
         "args": args,
-        "stdout": str(out / "stdout"),
-        "stderr": str(out / "stderr"),
+        "stdout": str(stdout),
+        "stderr": str(stderr),
         "env": env,
     }
 
 
 def _forked(result: dict, job: dict) -> Forked:
-    out = Path(job["stdout"]).parent
+    stdout, stderr = Path(job["stdout"]), Path(job["stderr"])
     forked = Forked(
         result["code"],
-        (out / "stdout").read_text(),
-        (out / "stderr").read_text(),
+        stdout.read_text(),
+        "" if stderr == stdout else stderr.read_text(),
         result["seconds"],
     )
-    shutil.rmtree(out)
+    shutil.rmtree(stdout.parent)
     return forked
 
 
@@ -150,27 +169,113 @@ class ForkServer:
     `run` forks a child of the process that imported the runner once."""
 
     def __init__(self) -> None:
+        # Unbuffered bytes: a line read is exactly one line, so select() sees the next.
         self.proc = subprocess.Popen(
             [sys.executable, "-c", SERVER],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            text=True,
+            bufsize=0,
             env={**os.environ, "FORKS": "1"},
         )
         self.count = 0
+        self.running: Running | None = None
 
     def run(self, cwd: Path, args: list[str], env: dict[str, str], timeout: float) -> Forked:
         """`python -m runner <args>` in `cwd` with exactly the environment `env`."""
+        job = self._send(cwd, args, env)
+        return _forked(self.line(job, timeout), job)
+
+    def start(
+        self, cwd: Path, args: list[str], env: dict[str, str], merged: bool = True
+    ) -> Running:
+        """The same, handed back as soon as it is forked; stdout and stderr in one file
+        unless not `merged`."""
+        job = self._send(cwd, args, env, merged=merged, announce=True)
+        pid = self.line(job, 60)["pid"]
+        self.running = Running(self, job, pid)
+        return self.running
+
+    def _send(self, cwd: Path, args: list[str], env: dict[str, str], **how: bool) -> dict:
+        if self.running is not None:  # a started run its test left running (it failed)
+            self.running.kill()
         self.count += 1
-        job = _job(self.count, cwd, args, env)
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(json.dumps(job, default=str) + "\n")
-        self.proc.stdin.flush()
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        if not ready:
-            self.proc.kill()
-            raise AssertionError(f"python -m runner {' '.join(args)}: no end in {timeout} s")
-        return _forked(json.loads(self.proc.stdout.readline()), job)
+        job = _job(self.count, cwd, args, env, merged=how.get("merged", False))
+        job["announce"] = how.get("announce", False)
+        assert self.proc.stdin is not None
+        data = memoryview((json.dumps(job, default=str) + "\n").encode())
+        while data:
+            data = data[self.proc.stdin.write(data) :]
+        return job
+
+    def line(self, job: dict, timeout: float) -> dict:
+        """The server's next line about `job`: its pid if announced, then its exit
+        ({"code", "seconds"}); lines about a run killed before are passed over."""
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            ready, _, _ = select.select([self.proc.stdout], [], [], max(left, 0))
+            if not ready:
+                self.proc.kill()
+                what = " ".join(job["args"])
+                raise AssertionError(f"python -m runner {what}: no answer in {timeout} s")
+            line = json.loads(self.proc.stdout.readline())
+            if line["i"] == job["i"]:
+                return line
+
+    def ended(self, job: dict) -> dict | None:
+        """The job's exit line if it has ended, else None (at once)."""
+        assert self.proc.stdout is not None
+        while select.select([self.proc.stdout], [], [], 0)[0]:
+            line = json.loads(self.proc.stdout.readline())
+            if line["i"] == job["i"]:
+                return line
+        return None
+
+
+class Running:
+    """A forked run while it runs: its pid, its output (its stdout, with stderr if merged)
+    line by line as it comes, its end."""
+
+    def __init__(self, server: ForkServer, job: dict, pid: int) -> None:
+        self.server, self.job, self.pid = server, job, pid
+        self.end: dict | None = None
+        self.lines = self._tail()
+
+    def _tail(self, timeout: float = 600) -> Iterator[str]:
+        deadline = time.monotonic() + timeout
+        partial = ""
+        with open(self.job["stdout"], encoding="utf-8", errors="replace") as f:
+            while True:
+                if self.end is None:
+                    self.end = self.server.ended(self.job)
+                chunk = f.read()  # after the end was seen: all there is
+                *whole, partial = (partial + chunk).split("\n")
+                yield from (line + "\n" for line in whole)
+                if self.end is not None and not chunk:
+                    if partial:
+                        yield partial
+                    return
+                if time.monotonic() > deadline:
+                    self.kill()
+                    raise AssertionError(f"{self.job['args']}: still running after {timeout} s")
+                if not chunk:
+                    time.sleep(0.05)
+
+    def wait(self, timeout: float) -> Forked:
+        """Its exit code and whole output, once it ends."""
+        if self.end is None:
+            self.end = self.server.line(self.job, timeout)
+        self.server.running = None
+        return _forked(self.end, self.job)
+
+    def kill(self) -> None:
+        """SIGKILL, then its exit line read (a test that failed left it running)."""
+        if self.end is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+            self.end = self.server.line(self.job, 60)
+        self.server.running = None
 
 
 _server: ForkServer | None = None

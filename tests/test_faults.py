@@ -1,4 +1,4 @@
-"""Faults, for real: signals to the CLI as a subprocess (sent from Python: a shell's
+"""Faults, for real: signals to the CLI's process (sent from Python: a shell's
 background job ignores SIGINT), SIGKILL to a real EnvRunner and Learner actor, a NaN
 reward, a stall, truncated and bit-flipped checkpoints, and a sweep interrupted in its
 second job and run again. Each asserts the exit code, what is on disk, and that what was
@@ -16,9 +16,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import cli_forks
 import pytest
 import ray
-from conftest import TINY, run_cli
+from conftest import TINY, cli_env, run_cli
 from ray.rllib.algorithms.ppo import PPOConfig
 
 from runner import guard
@@ -43,28 +44,25 @@ NAN_AT_250 = (
 
 
 class Cli:
-    """`python -m runner` as a subprocess, its output read line by line as it comes."""
+    """`python -m runner` with a Ray of its own, forked from the test session's fork server
+    (tests/cli_forks.py: the CLI's entry point in a process that imported it once); its
+    output read line by line as it comes."""
 
     def __init__(self, cwd: Path, *args: str) -> None:
-        env = {**os.environ, "PYTHONPATH": str(TESTS)}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "runner", *args],
-            cwd=cwd,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
+        self.run = cli_forks.server().start(
+            cwd, list(args), cli_env(own_ray=True, extra=WITH_TESTS)
         )
+        self.pid = self.run.pid
         self.lines: list[str] = []
         self.processes: list[int] = []  # everything it started, when `until` matched
         self.sent_at = 0.0
 
     def until(self, text: str, then: Callable[[], None]) -> None:
         """Read until a line holds `text`, then note the process tree and call `then`."""
-        for line in self.proc.stdout:
+        for line in self.run.lines:
             self.lines.append(line)
             if text in line:
-                self.processes = descendants(self.proc.pid)
+                self.processes = descendants(self.pid)
                 self.sent_at = time.monotonic()
                 then()
                 return
@@ -72,14 +70,14 @@ class Cli:
 
     def signal(self, signum: int, times: int = 1) -> None:
         for _ in range(times):
-            self.proc.send_signal(signum)
+            os.kill(self.pid, signum)
             time.sleep(0.5)
 
     def wait(self) -> tuple[int, float]:
         """Exit code, and seconds from the fault to the exit."""
-        self.lines += self.proc.stdout.readlines()
-        code = self.proc.wait(timeout=120)
-        return code, time.monotonic() - self.sent_at
+        ended = self.run.wait(timeout=120)
+        self.lines = ended.stdout.splitlines(keepends=True)
+        return ended.returncode, time.monotonic() - self.sent_at
 
     @property
     def output(self) -> str:
@@ -338,7 +336,7 @@ def test_killed_env_runner_is_recreated_and_recompiled_from_the_shared_cache(tmp
     )
     cli.until(
         "iter    2",
-        lambda: os.kill(_actor_pid(cli.proc.pid, "ray::SingleAgentEnvRunner"), signal.SIGKILL),
+        lambda: os.kill(_actor_pid(cli.pid, "ray::SingleAgentEnvRunner"), signal.SIGKILL),
     )
     code, seconds = cli.wait()
     assert code == 0, cli.output
@@ -384,7 +382,7 @@ def test_killed_learner_fails_the_run_and_keeps_the_checkpoints(tmp_path: Path):
     )
     cli.until(
         "iter    2",
-        lambda: os.kill(_actor_pid(cli.proc.pid, "ray::_WrappedExecutable"), signal.SIGKILL),
+        lambda: os.kill(_actor_pid(cli.pid, "ray::_WrappedExecutable"), signal.SIGKILL),
     )
     code, seconds = cli.wait()
     assert code == 2, cli.output

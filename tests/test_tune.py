@@ -11,16 +11,17 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
+import cli_forks
 import pytest
 import yaml
 from cli_forks import run_many
-from conftest import compose_config, prepared, run_cli
+from conftest import cli_env, compose_config, prepared, run_cli
 from mlflow.tracking import MlflowClient
 from readme import commands
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -321,23 +322,19 @@ def _wait_for_results(tune_dir: Path, lines: int, timeout: float) -> None:
 
 @pytest.mark.slow
 def test_interrupted_search_exits_130_and_resume_finishes_it(tmp_path: Path):
-    # A budget of 12 iterations a trial, so the signal lands while the search runs (with 4,
+    # A budget of 8 iterations a trial, so the signal lands while the search runs (with 4,
     # a fast machine could finish the search before Tune's result files showed two).
-    args = [*SMALL_SEARCH, "stop.env_steps=6000", "task.num_samples=4", "hydra.run.dir=first"]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "runner", *args],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    args = [*SMALL_SEARCH, "stop.env_steps=4000", "task.num_samples=4", "hydra.run.dir=first"]
+    # The CLI forked from the fork server (tests/cli_forks.py), with a Ray of its own.
+    search = cli_forks.server().start(tmp_path, args, cli_env(own_ray=True), merged=False)
     try:
         _wait_for_results(tmp_path / "first" / "tune", 2, timeout=240)
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=120)
+        os.kill(search.pid, signal.SIGINT)
+        ended = search.wait(timeout=120)
     finally:
-        proc.kill()
-    assert proc.returncode == 130, err[-3000:]
+        search.kill()
+    err = ended.stderr
+    assert ended.returncode == 130, err[-3000:]
     assert err.strip().splitlines()[-1].startswith("error: search interrupted with ")
     assert "continue it with resume=" in err
     first = _rows(tmp_path / "first" / "trials.csv")
