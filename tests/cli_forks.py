@@ -1,16 +1,18 @@
 """Many `python -m runner` runs for the price of one import.
 
 Every run of the CLI first imports torch, Ray, RLlib and Hydra (seconds on this machine);
-for dozens of bad-input cases that import is most of the time. `run_many` starts one
-server process that imports the runner's entry point once, then forks a child per case
-(two at a time): the child changes to the case's dir, points its stdout and stderr at
-files, sets sys.argv and calls the real `runner.__main__.main`, and its exit status is
-the CLI's. A case's seconds count from its fork, so they leave out the shared import:
-a test that runs the CLI whole (test_package's installed wheel) times the rest.
+for dozens of bad-input cases that import is most of the time. A server process imports
+the runner's entry point once, then forks a child per case: the child changes to the
+case's dir, points its stdout and stderr at files, sets sys.argv and calls the real
+`runner.__main__.main`, and its exit status is the CLI's. `run_many` starts a server of
+its own for runs that must start at once. A case's seconds count from its fork, so they
+leave out the shared import: a test that runs the CLI whole (test_package's installed
+wheel) times the rest.
 
 `server()` is one such process for the whole test session, taking one run at a time: the
 README's `python -m runner ...` commands run through it (tests/test_readme.py), each
-with the environment the user's shell would give it, its clock starting at its fork.
+with the environment the user's shell would give it, its clock starting at its fork, and
+the bad-input cases (`run_each`).
 `server().start(...)` hands back the run while it runs (its pid, its output as it comes),
 for the fault tests' signals and killed actors: the child is the CLI's process, the one
 a signal reaches and the Ray it starts belongs to.
@@ -146,10 +148,10 @@ def _forked(result: dict, job: dict) -> Forked:
 
 
 def run_many(
-    cases: list[tuple[Path, list[str]]], forks: int = 2, env: dict[str, str] | None = None
+    cases: list[tuple[Path, list[str]]], forks: int, env: dict[str, str] | None = None
 ) -> list[Forked]:
-    """Run `python -m runner <args>` in each `cwd`, `forks` at a time, one shared import;
-    `env` adds to the environment."""
+    """Run `python -m runner <args>` in each `cwd`, `forks` at a time, from a server of
+    their own; `env` adds to the environment."""
     jobs = [_job(i, cwd, args) for i, (cwd, args) in enumerate(cases)]
     proc = subprocess.run(
         [sys.executable, "-c", SERVER],
@@ -162,6 +164,15 @@ def run_many(
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = {r["i"]: r for r in map(json.loads, proc.stdout.strip().splitlines()[-len(jobs) :])}
     return [_forked(results[job["i"]], job) for job in jobs]
+
+
+def run_each(
+    cases: list[tuple[Path, list[str]]], env: dict[str, str] | None = None
+) -> list[Forked]:
+    """Run `python -m runner <args>` in each `cwd`, one after another, on the test
+    session's server (no import of their own); `env` adds to this environment."""
+    full = {**os.environ, **(env or {})}
+    return [server().run(cwd, args, full, timeout=120) for cwd, args in cases]
 
 
 class ForkServer:

@@ -41,14 +41,24 @@ def pytest_itemcollected(item: pytest.Item) -> None:
         item.add_marker(pytest.mark.xdist_group(item.module.__name__))
 
 
-def _dispatch_order(item: pytest.Item) -> tuple[bool, bool]:
+# Modules whose tests build configs, plans and help pages only: they never start or join a
+# Ray, so they run beside an `alone` test (whose `ray stop` stops only Ray's processes).
+RAY_FREE = {"test_config", "test_preflight", "test_help"}
+
+
+def _ray_free(item: pytest.Item) -> bool:
+    return item.module.__name__ in RAY_FREE
+
+
+def _dispatch_order(item: pytest.Item) -> tuple[bool, bool, bool]:
     """xdist hands out the tests outside a group one at a time, in collection order: the
-    quick ones go after the slow ones, so a run ends on short tests with both workers busy,
-    and a test marked `alone` goes last (mid-run the other worker idles while it waits for
-    its turn and runs; at the end that worker has nothing left to run anyway)."""
+    quick ones go after the slow ones, so a run ends on short tests with both workers busy;
+    then a test marked `alone`, then the Ray-free tests, which the other worker runs while
+    the alone test does (it would idle otherwise)."""
     grouped = item.get_closest_marker("xdist_group") is not None
     quick = not grouped and item.get_closest_marker("slow") is None
-    return item.get_closest_marker("alone") is not None, quick
+    alone = item.get_closest_marker("alone") is not None
+    return alone or _ray_free(item), _ray_free(item), quick
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -69,8 +79,8 @@ def _share_the_machine(alone: bool) -> Iterator[None]:
     """Under pytest-xdist (`-n 2`, the README's test command) two tests run at once. A
     test marked `alone` runs while no other does (its setup and teardown too): it stops
     every Ray on the machine (`ray stop`), or bounds how fast a fault is handled. The
-    others share a lock; the gate stops new tests from starting while one waits to run
-    alone."""
+    others share a lock (the Ray-free ones need none); the gate stops new tests from
+    starting while one waits to run alone."""
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
     if run is None:
         yield
@@ -88,6 +98,9 @@ def _share_the_machine(alone: bool) -> Iterator[None]:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    if _ray_free(item):
+        yield
+        return
     with _share_the_machine(item.get_closest_marker("alone") is not None):
         yield
 

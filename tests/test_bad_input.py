@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from cli_forks import Forked, run_many
+from cli_forks import Forked, run_each
 
 CASES = {
     "misspelled key": (["scaling.num_env_runnrs=1"], "did you mean num_env_runners"),
@@ -202,10 +202,10 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def refusals(tmp_path_factory) -> dict[str, tuple[Path, Forked]]:
-    """Every case as its own CLI run in an empty dir of its own, two at a time, forked
-    from one process that imported the runner once (tests/cli_forks.py)."""
+    """Every case as its own CLI run in an empty dir of its own, forked from the process
+    that imported the runner once for the test session (tests/cli_forks.py)."""
     dirs = [tmp_path_factory.mktemp("bad_input") for _ in CASES]
-    results = run_many(
+    results = run_each(
         [
             (cwd, [*CASES[name][0], "hydra.run.dir=run"])
             for name, cwd in zip(CASES, dirs, strict=True)

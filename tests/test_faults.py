@@ -44,14 +44,13 @@ NAN_AT_250 = (
 
 
 class Cli:
-    """`python -m runner` with a Ray of its own, forked from the test session's fork server
-    (tests/cli_forks.py: the CLI's entry point in a process that imported it once); its
-    output read line by line as it comes."""
+    """`python -m runner`, forked from the test session's fork server (tests/cli_forks.py:
+    the CLI's entry point in a process that imported it once), with a Ray of its own (the
+    processes it leaves behind are its descendants) unless not `own_ray`; its output read
+    line by line as it comes."""
 
-    def __init__(self, cwd: Path, *args: str) -> None:
-        self.run = cli_forks.server().start(
-            cwd, list(args), cli_env(own_ray=True, extra=WITH_TESTS)
-        )
+    def __init__(self, cwd: Path, *args: str, own_ray: bool = True) -> None:
+        self.run = cli_forks.server().start(cwd, list(args), cli_env(own_ray, WITH_TESTS))
         self.pid = self.run.pid
         self.lines: list[str] = []
         self.processes: list[int] = []  # everything it started, when `until` matched
@@ -293,6 +292,7 @@ def test_iteration_that_outlives_the_grace_is_abandoned(tmp_path: Path):
         "checkpoint.every=1",
         "shutdown.grace_seconds=0.5",
         "hydra.run.dir=run",
+        own_ray=False,  # it samples in the driver: the shared Ray will do
     )
     # Iteration 1's checkpoint first, then iteration 2 (3 s of steps) is in flight.
     cli.until("iter    1", lambda: (time.sleep(1), cli.signal(signal.SIGINT)))

@@ -157,7 +157,7 @@ def run_of(cwd: Path, name: str) -> Path:
 
 @pytest.fixture(scope="module")
 def exploration_run(reproductions: Path) -> Path:
-    """The page's exploration reproduction at local scale, on CartPole for speed."""
+    """The page's exploration reproduction at local scale (Breakout, a small batch)."""
     return run_of(reproductions, "exploration_onnxrt_default")
 
 

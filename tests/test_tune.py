@@ -20,7 +20,7 @@ from pathlib import Path
 import cli_forks
 import pytest
 import yaml
-from cli_forks import run_many
+from cli_forks import run_each
 from conftest import cli_env, compose_config, prepared, run_cli
 from mlflow.tracking import MlflowClient
 from readme import commands
@@ -426,7 +426,7 @@ BAD = {
 @pytest.fixture(scope="module")
 def refusals(tmp_path_factory):
     dirs = [tmp_path_factory.mktemp("bad_search") for _ in BAD]
-    results = run_many(
+    results = run_each(
         [(cwd, [*BAD[n][0], "hydra.run.dir=run"]) for n, cwd in zip(BAD, dirs, strict=True)]
     )
     return {name: (cwd, r) for name, cwd, r in zip(BAD, dirs, results, strict=True)}
