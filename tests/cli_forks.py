@@ -221,23 +221,22 @@ class ForkServer:
     def line(self, job: dict, timeout: float) -> dict:
         """The server's next line about `job`: its pid if announced, then its exit
         ({"code", "seconds"}); lines about a run killed before are passed over."""
-        assert self.proc.stdout is not None
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            ready, _, _ = select.select([self.proc.stdout], [], [], max(left, 0))
-            if not ready:
-                self.proc.kill()
-                what = " ".join(job["args"])
-                raise AssertionError(f"python -m runner {what}: no answer in {timeout} s")
-            line = json.loads(self.proc.stdout.readline())
-            if line["i"] == job["i"]:
-                return line
+        found = self._next(job, timeout)
+        if found is None:
+            self.proc.kill()
+            what = " ".join(job["args"])
+            raise AssertionError(f"python -m runner {what}: no answer in {timeout} s")
+        return found
 
     def ended(self, job: dict) -> dict | None:
         """The job's exit line if it has ended, else None (at once)."""
+        return self._next(job, 0)
+
+    def _next(self, job: dict, timeout: float) -> dict | None:
+        """The next line about `job` within `timeout` s, or None."""
         assert self.proc.stdout is not None
-        while select.select([self.proc.stdout], [], [], 0)[0]:
+        deadline = time.monotonic() + timeout
+        while select.select([self.proc.stdout], [], [], max(deadline - time.monotonic(), 0))[0]:
             line = json.loads(self.proc.stdout.readline())
             if line["i"] == job["i"]:
                 return line
