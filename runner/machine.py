@@ -54,7 +54,7 @@ def driver_cuda() -> dict[str, list[str]]:
     return {
         "driver_gpus": [torch.cuda.get_device_name(i) for i in range(count)],
         "driver_capabilities": [
-            "{}.{}".format(*torch.cuda.get_devicecapability_tuple(i)) for i in range(count)
+            "{}.{}".format(*torch.cuda.get_device_capability(i)) for i in range(count)
         ],
         "torch_cuda_archs": torch.cuda.get_arch_list(),
     }
