@@ -17,8 +17,8 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from runner import CONFIG_DIR
-from runner.algorithm_config import build_algorithm_config
 from runner.api import register_configs
+from runner.app import prepare
 from runner.compile.apply import load_backend
 from runner.compile.settings import CompileSpec, available_backends
 from runner.results.files import write_csv
@@ -58,7 +58,7 @@ def main() -> None:
     for env_option in args.envs:
         with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
             cfg = compose(config_name="config", overrides=[f"env={env_option}"])
-        module, obs = build_module(build_algorithm_config(typed(cfg), None))
+        module, obs = build_module(prepare(typed(cfg)).config)
         for backend in backends:
             spec = CompileSpec(backend, args.mode, None, True, False, "forward_train")
             for row in measure(module, obs, spec, args.batch_sizes, args.iterations, args.burn_in):

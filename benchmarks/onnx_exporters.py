@@ -23,8 +23,8 @@ from hydra import compose, initialize_config_dir
 from ray.rllib.core.columns import Columns
 
 from runner import CONFIG_DIR
-from runner.algorithm_config import build_algorithm_config
 from runner.api import register_configs
+from runner.app import prepare
 from runner.compile import onnxrt
 from runner.schema import typed
 from runner.tasks.inference_bench import build_module
@@ -35,7 +35,7 @@ def captured_graph(batch_size: int) -> tuple:
     register_configs()
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         cfg = compose("config", overrides=["env=breakout"])
-    module, obs = build_module(build_algorithm_config(typed(cfg), None))
+    module, obs = build_module(prepare(typed(cfg)).config)
     seen = {}
 
     def grab(gm, example_inputs):

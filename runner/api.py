@@ -93,13 +93,17 @@ def _with_config_dir(overrides: list[str], config_dir: str | None) -> list[str]:
 
 
 def compose(overrides: Sequence[str] = (), config_dir: str | None = None) -> RunnerConfig:
-    """The typed settings `python -m runner <overrides>` would run; starts nothing.
-    Bad input raises runner.errors.ConfigError (or Hydra's own error) with one line."""
+    """The typed settings `python -m runner <overrides>` would run on this machine, the
+    Learner layout picked for it (runner/placement.py); starts nothing. Bad input raises
+    runner.errors.ConfigError (or Hydra's own error) with one line."""
+    from runner import machine, placement
     from runner.schema import typed
 
     with _hydra():
         cfg, _ = _composed(_with_config_dir(list(overrides), config_dir))
-        return typed(cfg)
+        settings = typed(cfg)
+    placement.resolve(settings, machine.local_resources(settings.ray))
+    return settings
 
 
 def _run_dir(overrides: list[str]) -> tuple[Path, list[str]]:

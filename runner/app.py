@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from rich.table import Table
 
-from runner import machine, preflight, tasks
+from runner import machine, placement, preflight, tasks
 from runner.algorithm_config import build_algorithm_config, default_config_for
 from runner.compile.apply import add_to_config
 from runner.compile.settings import CompileSpec
@@ -32,6 +32,8 @@ from runner.ray_session import (
     import_py_modules_here,
     joined_by_environment,
     quiet_ray,
+    release_driver_gpus,
+    reserve_driver_gpus,
     start_ray,
 )
 from runner.results import checkpoints, remote, tracking
@@ -55,20 +57,26 @@ class Prepared:
     warnings: list[str]
     config: AlgorithmConfig
     plan: Plan
+    resources: machine.Resources
+    placement: placement.Placement
 
 
-def prepare(cfg: DictConfig) -> Prepared:
-    """Typed settings once, the task's own checks, compile checked once, then RLlib's
-    AlgorithmConfig and the plan of what the task will start. Starts nothing; imports the
-    user's code named in the config (from ray.runtime_env.py_modules dirs too)."""
-    settings = typed(cfg)
+def prepare(settings: RunnerConfig, resources: machine.Resources | None = None) -> Prepared:
+    """The Learner layout for the machine the job plans on (`resources`, default this
+    one), the task's own checks, compile checked once, then RLlib's AlgorithmConfig and
+    the plan of what the task will start. Starts nothing; imports the user's code named in
+    the config (from ray.runtime_env.py_modules dirs too)."""
     import_py_modules_here(settings.ray.runtime_env)
     task = tasks.get(settings.task.name)
+    resources = resources or machine.local_resources(settings.ray)
+    placed = placement.resolve(settings, resources)
     spec, warnings = validate(settings, task)
     config = build_algorithm_config(settings, spec)
     task.configure(config, settings)
-    plan = task.scale_plan(make_plan(config), settings)
-    return Prepared(settings, task, spec, warnings, config, plan)
+    plan = task.scale_plan(make_plan(config, placed.notes), settings)
+    return Prepared(
+        settings, task, spec, warnings + placed.warnings, config, plan, resources, placed
+    )
 
 
 def _changed_settings(config: AlgorithmConfig, algo_name: str) -> dict[str, Any]:
@@ -78,13 +86,17 @@ def _changed_settings(config: AlgorithmConfig, algo_name: str) -> dict[str, Any]
     return {k: v for k, v in ours.items() if default.get(k) != v}
 
 
-def print_changed(config: AlgorithmConfig, settings: RunnerConfig) -> None:
-    """The AlgorithmConfig's settings that differ from RLlib's: a dry run's middle section,
-    and a real run's first lines (before Ray's), so its log says what it ran."""
+def print_changed(prepared: Prepared) -> None:
+    """The AlgorithmConfig's settings that differ from RLlib's and what the runner chose
+    for this machine: a dry run's middle section, and a real run's first lines (before
+    Ray's), so its log says what it ran."""
+    config, settings = prepared.config, prepared.settings
     console.rule(f"AlgorithmConfig ({type(config).__name__}): settings that differ from RLlib")
     console.print(json.dumps(_changed_settings(config, settings.algo.name), indent=2))
     if settings.tuned is not None:
         console.print(f"tuned hyperparameters: {settings.tuned.file} ({settings.tuned.source})")
+    for line in prepared.placement.chosen:
+        console.print(line)
 
 
 def print_plan(plan: Plan, report: preflight.Report, res: machine.Resources) -> None:
@@ -147,8 +159,16 @@ def run(job: Job, start_time: float, attempt: Path | None = None) -> dict[str, A
         job = replace(job, cfg=cfg, overrides=overrides, choices={**job.choices, **choices})
     (run_dir / OVERRIDES_FILE).write_text(yaml.safe_dump(job.overrides))
 
-    prepared = prepare(cfg)
-    settings = prepared.settings
+    settings = typed(cfg)
+    address = cluster_address(settings.ray)
+    if address:
+        if joined := joined_by_environment(settings.ray):
+            console.print(joined)
+        start_ray(settings.ray, settings.compile.cache_dir)
+        resources = machine.cluster_resources(address)
+    else:
+        resources = machine.local_resources(settings.ray)
+    prepared = prepare(settings, resources)
     mirror = None
     if settings.results.uri:
         mirror = remote.Mirror(settings.results.uri, run_dir)
@@ -160,14 +180,6 @@ def run(job: Job, start_time: float, attempt: Path | None = None) -> dict[str, A
             f"task={prepared.task.name} cannot continue {checkpoint}: resume= a task=tune run dir "
             "continues that search (task=tune), a training run dir continues training"
         )
-    address = cluster_address(settings.ray)
-    if address:
-        if joined := joined_by_environment(settings.ray):
-            console.print(joined)
-        start_ray(settings.ray, settings.compile.cache_dir)
-        resources = machine.cluster_resources(address)
-    else:
-        resources = machine.local_resources(settings.ray)
     plan, config = prepared.plan, prepared.config
     report = preflight.check(settings, config, plan, resources, prepared.warnings, prepared.spec)
     write_json(run_dir / "algorithm_config.json", config.to_dict())
@@ -179,7 +191,7 @@ def run(job: Job, start_time: float, attempt: Path | None = None) -> dict[str, A
     if settings.dry_run:
         console.rule("resolved config")
         console.print(OmegaConf.to_yaml(cfg, resolve=True), end="")
-        print_changed(config, settings)
+        print_changed(prepared)
         console.rule("plan")
         print_plan(plan, report, resources)
         if prepared.spec is not None and prepared.spec.backend == AUTO:
@@ -189,7 +201,7 @@ def run(job: Job, start_time: float, attempt: Path | None = None) -> dict[str, A
         return {**totals, "preflight_problems": report.problems}
     if not report.ok:
         raise PreflightError("; ".join(report.problems))
-    print_changed(config, settings)
+    print_changed(prepared)
     tracker = tracking.start(settings, job) if prepared.task.tracked else tracking.Trackers()
     status = "FAILED"
     try:
@@ -202,6 +214,7 @@ def run(job: Job, start_time: float, attempt: Path | None = None) -> dict[str, A
         status = "KILLED"
         raise
     finally:
+        release_driver_gpus()
         tracker.finish(run_dir, status)
         if mirror is not None:
             push_at_end(mirror, status)
@@ -242,6 +255,9 @@ def started(
         add_to_config(prepared.config, spec)
     if prepared.task.needs_ray:
         start_ray(settings.ray, settings.compile.cache_dir)
+        if prepared.plan.main_gpus:
+            index = reserve_driver_gpus(prepared.plan.main_gpus)
+            prepared.config.learners(local_gpu_idx=index)
     install_default()  # after ray.init, which sets a SIGTERM handler of its own
     return TaskRun(
         settings=settings,

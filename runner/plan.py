@@ -111,8 +111,9 @@ def _main_note(config: AlgorithmConfig) -> str:
     return ", ".join(hosts)
 
 
-def make_plan(config: AlgorithmConfig) -> Plan:
-    """Label RLlib's bundles: [main, EnvRunners..., evaluation..., Learners or aggregators...]."""
+def make_plan(config: AlgorithmConfig, notes: dict[str, str] | None = None) -> Plan:
+    """Label RLlib's bundles: [main, EnvRunners..., evaluation..., Learners or aggregators...];
+    `notes`: a role's hosts column, where the runner chose its resources."""
     try:  # RLlib validates the whole config here: its errors are bad input.
         request = config.algo_class.default_resource_request(config)
     except ValueError as ex:
@@ -131,11 +132,27 @@ def make_plan(config: AlgorithmConfig) -> Plan:
         + [learn_role] * n_learn
     )
     groups: list[Group] = []
+    processes = async_env_processes(config)
     for role, (cpus, gpus) in zip(roles, bundles, strict=True):
         last = groups[-1] if groups else None
         if last and (last.role, last.cpus_each, last.gpus_each) == (role, cpus, gpus):
             groups[-1] = Group(role, last.count + 1, cpus, gpus, last.note)
         else:
-            note = _main_note(config) if role == "main" else ""
+            note = _main_note(config) if role == "main" else (notes or {}).get(role, "")
             groups.append(Group(role, 1, float(cpus), float(gpus), note))
+    if processes:
+        note = "one process per env (gym_env_vectorize_mode=async); Ray does not count them"
+        groups.append(Group(ASYNC_ENVS, processes, 0.0, 0.0, note))
     return Plan(groups=groups, strategy=request.strategy)
+
+
+# The plan's row for async vector envs: processes beside the actors, which Ray never sees.
+ASYNC_ENVS = "async_env"
+
+
+def async_env_processes(config: AlgorithmConfig) -> int:
+    """Env processes of gymnasium's async vectorization: one per env in each EnvRunner."""
+    mode = getattr(config.gym_env_vectorize_mode, "value", config.gym_env_vectorize_mode)
+    if str(mode).lower() != "async":
+        return 0
+    return config.num_envs_per_env_runner * max(1, config.num_env_runners)

@@ -15,16 +15,17 @@ from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.env.multi_agent_env import MultiAgentEnv
 
 from runner.check import Check
-from runner.compile.settings import CompileSpec, missing_packages
+from runner.compile.settings import CompileSpec, missing_packages, module_device
 from runner.envs import agent_ids, make_env, setting
 from runner.errors import ConfigError, did_you_mean
 from runner.machine import Resources, capability_tuple, has_kernels, is_gpu_of
-from runner.plan import Plan
-from runner.schema import Accelerator, RunnerConfig
+from runner.plan import ASYNC_ENVS, Plan
+from runner.schema import AUTO, Accelerator, RunnerConfig
+
+# Async env processes per CPU past which stepping them is slower than sync vectorization.
+ASYNC_ENVS_PER_CPU = 2
 
 FORCE_HINT = "or set preflight.strict=false to try anyway"
-# The scaling guide's learner-placement rule for these algorithms.
-LEARNER_PLACEMENT_ALGOS = ("IMPALA", "APPO")
 # Action spaces an algorithm takes where RLlib's takes only some: for the others RLlib's
 # own error misleads (DQN on a Box ends in a deprecation notice about RLModuleConfig).
 ACTION_SPACES: dict[str, tuple[type[gym.Space], ...]] = {
@@ -165,7 +166,17 @@ def _shared_gpu_learners(config: AlgorithmConfig) -> list[str]:
 
 
 def _cpu_shortfall(plan: Plan, res: Resources) -> tuple[list[str], list[str]]:
-    """Actors beyond Ray's CPUs hang, so that fails; the driver sharing a core only warns."""
+    """Actors beyond Ray's CPUs hang, so that fails; the driver sharing a core only warns.
+    Async env processes, which Ray does not count, fail past two per CPU (each would step
+    on under half a core: slower than sync vectorization) and warn past the CPUs."""
+    processes = plan.count(ASYNC_ENVS)
+    if processes > ASYNC_ENVS_PER_CPU * res.cpus:
+        return [
+            f"gym_env_vectorize_mode=async runs {processes} env processes (one per env in each "
+            f"EnvRunner) beside {plan.total_cpus:g} CPUs of actors and driver, on "
+            f"{res.where}'s {res.cpus:g} CPUs; use scaling.gym_env_vectorize_mode=sync, or "
+            f"fewer scaling.num_envs_per_env_runner or scaling.num_env_runners, {FORCE_HINT}"
+        ], []
     if plan.actor_cpus > res.cpus:
         return [
             f"the plan's actors need {plan.actor_cpus:g} CPU(s) "
@@ -186,27 +197,35 @@ def _cpu_shortfall(plan: Plan, res: Resources) -> tuple[list[str], list[str]]:
             f"the main process and the actors want {plan.total_cpus:g} CPUs and {res.where} "
             f"has {res.cpus:g}: the main process will share a core with the actors"
         ]
+    if plan.total_cpus + processes > res.cpus:
+        return [], [
+            f"{processes} async env processes beside {plan.total_cpus:g} CPUs of actors and "
+            f"driver on {res.cpus:g} CPUs: they will share cores"
+        ]
     return [], []
 
 
-def _learner_placement(config: AlgorithmConfig, res: Resources) -> list[str]:
-    """The scaling guide's IMPALA/APPO rule, as a warning naming the recommended setting."""
-    if config.algo_class.__name__.upper() not in LEARNER_PLACEMENT_ALGOS:
+def _compile_auto_devices(
+    settings: RunnerConfig, spec: CompileSpec | None, res: Resources
+) -> list[str]:
+    """compile=auto times each component kind in this process, on the device it will run
+    on: a GPU component needs a GPU this process sees."""
+    if spec is None or spec.backend != AUTO or res.driver_gpus:
         return []
-    name = config.algo_class.__name__
-    current = (config.num_learners, config.num_gpus_per_learner)
-    if res.gpus == 1:
-        wanted = (0, 1)
-    elif res.gpus == 0:
-        wanted = (1, 0)
-    else:
-        return []
-    if current == wanted:
+    from runner.compile import auto  # torch._dynamo: only for compile=auto
+
+    on_gpu = [
+        kind.replace("_", " ")
+        for kind in auto.wanted_kinds(settings)
+        if module_device(settings.scaling, kind) == "cuda"
+    ]
+    if not on_gpu:
         return []
     return [
-        f"{name} with {res.gpus:g} GPU(s): the RLlib scaling guide recommends "
-        f"scaling.num_learners={wanted[0]} scaling.num_gpus_per_learner={wanted[1]} "
-        f"(got {current[0]} and {current[1]:g})"
+        f"compile=auto times each component in this process on its own device, and the "
+        f"{' and '.join(on_gpu)} run on a GPU, but this process sees no GPU through "
+        f"torch.cuda{_cpu_build()}; run the command on a GPU node, or pick a preset "
+        "(e.g. compile=inductor_default)"
     ]
 
 
@@ -305,7 +324,7 @@ def check(
     cpu_problems, cpu_warnings = _cpu_shortfall(plan, res)
     report.problems += cpu_problems
     report.warnings += cpu_warnings
-    report.warnings += _learner_placement(config, res)
+    report.problems += _compile_auto_devices(settings, spec, res)
     if (
         report.problems
         and (settings.reproduction or Check(settings.check).active)

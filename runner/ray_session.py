@@ -13,7 +13,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from runner.errors import ConfigError
+from runner.errors import ConfigError, PreflightError
 from runner.schema import LogLevel, RayConfig
 
 
@@ -166,6 +166,62 @@ def start_ray(ray_cfg: RayConfig, compile_cache_dir: str | None = None) -> None:
             **common,
         )
     _started = key
+
+
+class _DriverGPUs:
+    """An actor of no CPU that holds the driver's GPUs in Ray's books while a run lasts."""
+
+    def gpu_ids(self) -> list[str]:
+        import ray
+
+        return [str(i) for i in ray.get_gpu_ids()]
+
+
+_held: list[Any] = []  # the holders of this process's running job
+
+
+def reserve_driver_gpus(gpus: float, timeout: float = 10.0) -> int:
+    """Reserve `gpus` GPUs of the driver's node for the main process (a local Learner):
+    Ray never schedules the driver, so without this it would hand the same GPU to an
+    actor, or to another job on the same Ray (a sweep's). Returns the torch index of the
+    GPU Ray gave (RLlib's `local_gpu_idx`); one line if none frees up within `timeout`."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    node = ray.get_runtime_context().get_node_id()
+    holder = (
+        ray.remote(_DriverGPUs)
+        .options(
+            num_cpus=0,
+            num_gpus=gpus,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+        )
+        .remote()
+    )
+    ready, _ = ray.wait([holder.gpu_ids.remote()], timeout=timeout)
+    if not ready:
+        pending = waiting_for()
+        ray.kill(holder)
+        raise PreflightError(
+            f"the main process (a local Learner) needs {gpus:g} GPU of this node, and Ray "
+            f"gave none within {timeout:g} s ({pending}): another run or actor holds them; "
+            "wait for it, or lower scaling.num_gpus_per_learner (a fraction shares a GPU)"
+        )
+    _held.append(holder)
+    (first, *_) = ray.get(ready[0])
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    order = visible.split(",") if visible else []
+    return order.index(first) if first in order else int(first)
+
+
+def release_driver_gpus() -> None:
+    """The end of the job that reserved them (a sweep's next job reserves its own)."""
+    import ray
+
+    while _held:
+        holder = _held.pop()
+        if ray.is_initialized():
+            ray.kill(holder)
 
 
 def import_py_modules_here(runtime_env: dict[str, Any]) -> None:

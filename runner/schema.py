@@ -115,8 +115,11 @@ class ScalingConfig:
     """RLlib's three scaling axes and the resources of each actor.
 
     The EnvRunner keys feed `AlgorithmConfig.env_runners()`, the Learner keys `.learners()`
-    (see algorithm_config.py). `num_cpus_per_learner: null` keeps RLlib's "auto" (1 CPU per CPU
-    Learner, 0 per GPU one).
+    (see algorithm_config.py). `num_learners` and `num_gpus_per_learner` null: the runner
+    picks for the machine it plans on (runner/placement.py: the scaling guide's layout for
+    IMPALA and APPO, else a local Learner with the hardware profile's GPUs).
+    `num_cpus_per_learner: null` keeps RLlib's "auto" (1 CPU per CPU Learner, 0 per GPU
+    one), except for a compiling remote GPU Learner (runner/placement.py).
     """
 
     num_env_runners: int = MISSING
@@ -125,8 +128,8 @@ class ScalingConfig:
     gym_env_vectorize_mode: str = "sync"
     num_cpus_per_env_runner: float = 1.0
     num_gpus_per_env_runner: float = MISSING
-    num_learners: int = MISSING
-    num_gpus_per_learner: float = MISSING
+    num_learners: int | None = None
+    num_gpus_per_learner: float | None = None
     num_cpus_per_learner: float | None = None
 
 

@@ -37,6 +37,20 @@ def check_scaling(s: ScalingConfig) -> None:
         minimum = _COUNT_MINIMUM.get(key, 0)
         if value is not None and value < minimum:
             raise ConfigError(f"scaling.{key} must be >= {minimum}, got {value}")
+    if s.num_gpus_per_env_runner > 0 and s.num_env_runners == 0:
+        raise ConfigError(
+            f"scaling.num_gpus_per_env_runner={s.num_gpus_per_env_runner:g} with "
+            "scaling.num_env_runners=0: RLlib gives the local EnvRunner no GPU, so it would "
+            "sample on the CPU; set scaling.num_env_runners>=1 for GPU EnvRunners, or "
+            "scaling.num_gpus_per_env_runner=0"
+        )
+    if s.num_gpus_per_learner is not None and s.num_gpus_per_learner > 1:
+        raise ConfigError(
+            f"scaling.num_gpus_per_learner={s.num_gpus_per_learner:g}: a Learner uses one GPU "
+            "(RLlib has no model parallelism), the rest would sit idle; the RLlib scaling "
+            "guide scales over GPUs with one Learner each: scaling.num_learners=N "
+            "scaling.num_gpus_per_learner=1"
+        )
 
 
 def check_run(settings: RunnerConfig) -> None:
@@ -133,6 +147,19 @@ def validate(settings: RunnerConfig, task: Task) -> tuple[CompileSpec | None, li
             f"this run's env is {settings.env.name}: override algo.* where it does not suit"
         )
     if task.trains:
-        parts = compile_settings.compiled_parts(spec, settings.scaling)
-        warnings += compile_settings.check_placement(spec, parts, settings.algo.name)
+        spec, ddp = compile_settings.without_ddp_cuda_graphs(spec, settings.scaling)
+        parts = compile_settings.compiled_parts(
+            spec, settings.scaling, evaluation_runners(settings)
+        )
+        warnings += ddp + compile_settings.check_placement(spec, parts, settings.algo.name)
     return spec, warnings
+
+
+def evaluation_runners(settings: RunnerConfig) -> int:
+    """Remote evaluation EnvRunners during training: eval.*'s, else algo.evaluation's own."""
+    if settings.eval.every:
+        return settings.eval.num_env_runners
+    evaluation = settings.algo.evaluation
+    if not evaluation.get("evaluation_interval"):
+        return 0
+    return int(evaluation.get("evaluation_num_env_runners") or 0)

@@ -20,6 +20,7 @@ from omegaconf import DictConfig
 from runner import CONFIG_DIR
 from runner.api import register_configs
 from runner.app import Prepared, prepare
+from runner.schema import typed
 
 register_configs()
 
@@ -113,7 +114,7 @@ def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
 
 def prepared(overrides: list[str] | tuple[str, ...] = ()) -> Prepared:
     """Typed settings, task, compile spec, AlgorithmConfig and plan, as a run makes them."""
-    return prepare(compose_config(overrides))
+    return prepare(typed(compose_config(overrides)))
 
 
 @dataclass

@@ -197,6 +197,18 @@ CASES = {
         ["hardware=t4", "scaling.num_learners=2", "scaling.num_gpus_per_learner=0.5"],
         "'Duplicate GPU detected'",
     ),
+    "GPUs for the local EnvRunner": (
+        ["hardware=gpu", "scaling.num_gpus_per_env_runner=0.5"],
+        "RLlib gives the local EnvRunner no GPU",
+    ),
+    "several GPUs per Learner": (
+        ["hardware=a100", "scaling.num_gpus_per_learner=2"],
+        "a Learner uses one GPU",
+    ),
+    "more async env processes than cores": (
+        ["scaling=async", "scaling.num_envs_per_env_runner=64"],
+        "async runs 64 env processes",
+    ),
 }
 
 

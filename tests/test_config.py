@@ -9,18 +9,26 @@ from conftest import compose_config, prepared
 from omegaconf import DictConfig
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 
-from runner import CONFIG_DIR, algorithm_config
+from runner import CONFIG_DIR, algorithm_config, placement
 from runner.compile.settings import resolve
 from runner.errors import ConfigError
+from runner.machine import local_resources
 from runner.plan import make_plan
-from runner.schema import typed
+from runner.schema import RunnerConfig, typed
 
 
 def build_algorithm_config(cfg: DictConfig) -> AlgorithmConfig:
     """The AlgorithmConfig a run builds from this composed config (whatever its task)."""
+    return built(cfg)[1]
+
+
+def built(cfg: DictConfig) -> tuple[RunnerConfig, AlgorithmConfig]:
+    """Typed settings with the Learner layout picked for this machine, and their
+    AlgorithmConfig (a task's own checks, e.g. a missing checkpoint=, are not run)."""
     settings = typed(cfg)
+    placement.resolve(settings, local_resources(settings.ray))
     spec, _ = resolve(settings.compile)
-    return algorithm_config.build_algorithm_config(settings, spec)
+    return settings, algorithm_config.build_algorithm_config(settings, spec)
 
 
 GROUPS = ("hardware", "compile", "scaling", "algo", "env", "task", "experiment")
@@ -38,13 +46,12 @@ def test_every_group_has_options():
 
 @pytest.mark.parametrize(("group", "option"), OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
 def test_option_composes_and_builds(group: str, option: str):
-    cfg = compose_config([f"{group}={option}"])
-    config = build_algorithm_config(cfg)
+    settings, config = built(compose_config([f"{group}={option}"]))
     plan = make_plan(config)
-    assert type(config).__name__ == f"{cfg.algo.name}Config"
-    assert config.num_env_runners == cfg.scaling.num_env_runners
-    assert config.num_learners == cfg.scaling.num_learners
-    assert plan.count("env_runner") == cfg.scaling.num_env_runners
+    assert type(config).__name__ == f"{settings.algo.name}Config"
+    assert config.num_env_runners == settings.scaling.num_env_runners
+    assert config.num_learners == settings.scaling.num_learners is not None
+    assert plan.count("env_runner") == settings.scaling.num_env_runners
 
 
 def test_builder_sections_reach_rllib():
@@ -118,5 +125,5 @@ def test_breakout_is_wrapped_for_the_new_api_stack():
 
 def test_gpu_defaults_follow_the_hardware_profile():
     for profile, gpus in (("cpu", 0), ("t4", 1), ("v100", 1), ("a100", 1), ("h100", 1)):
-        cfg = compose_config([f"hardware={profile}"])
-        assert cfg.scaling.num_gpus_per_learner == gpus
+        settings = prepared([f"hardware={profile}"]).settings
+        assert settings.scaling.num_gpus_per_learner == gpus

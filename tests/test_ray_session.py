@@ -7,15 +7,20 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import ray
-from conftest import TINY
+from conftest import TINY, compose_config
+from simulated_gpu import accelerator_type, simulate
 
-from runner import ray_session
-from runner.errors import ConfigError
-from runner.schema import RayConfig
+from runner import app, ray_session
+from runner.app import prepare
+from runner.errors import ConfigError, PreflightError
+from runner.job import Job
+from runner.results.tracking import Trackers
+from runner.schema import RayConfig, typed
 
 
 @pytest.fixture
@@ -112,3 +117,35 @@ def test_the_cli_starts_ray_while_the_job_imports_and_the_job_runs_on_it(tmp_pat
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "ray.init calls: [False]" in proc.stdout, proc.stdout[-3000:]
     assert (tmp_path / "run" / "summary.json").is_file()
+
+
+@pytest.mark.slow
+def test_a_local_gpu_learner_reserves_its_gpu_through_ray(environ, monkeypatch, tmp_path):
+    """On a simulated machine of two H200s (tests/simulated_gpu.py) a local Ray counts them
+    through NVML and names their accelerator type as a cluster's node would. app.started
+    reserves the local Learner's GPU through Ray and points RLlib's local_gpu_idx at the
+    one Ray gave, so another job on the same Ray gets the other GPU, a third is refused in
+    one line within seconds, and a job's end frees them. The test stops at the TaskRun:
+    nothing runs on a GPU."""
+    simulate(monkeypatch, "h200", 2, cpus=2)
+    cfg = compose_config(["hardware=h200"])
+    job = prepare(typed(cfg))
+    assert job.plan.main_gpus == 1
+    run = app.started(
+        job, Job(cfg, tmp_path, []), Trackers(), job.resources, time.perf_counter(), None, []
+    )
+    total = ray.cluster_resources()
+    assert total["GPU"] == 2 and total[f"accelerator_type:{accelerator_type('h200')}"] == 1
+    first = run.config.local_gpu_idx
+    assert first in (0, 1) and ray.available_resources().get("GPU", 0) == 1
+    second = ray_session.reserve_driver_gpus(1)  # a sweep's next job beside it
+    assert {first, second} == {0, 1}
+    start = time.monotonic()
+    with pytest.raises(PreflightError, match="needs 1 GPU of this node, and Ray gave none"):
+        ray_session.reserve_driver_gpus(1, timeout=2)
+    assert time.monotonic() - start < 10
+    ray_session.release_driver_gpus()
+    deadline = time.monotonic() + 30
+    while ray.available_resources().get("GPU", 0) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ray.available_resources().get("GPU", 0) == 2

@@ -48,6 +48,7 @@ class Way:
     extra: tuple[str, ...] = ()
     code: int = 0
     expect: str = ""
+    absent: str = ""  # a text it must not print (a warning it must not give)
     env: dict[str, str] = field(default_factory=dict)
     in_repo: bool = False  # runs in the repository (pytest finds the tests there)
     # Starts a Ray of its own, as on a user's machine; else it joins the test process's
@@ -152,6 +153,13 @@ WAYS: dict[str, Way] = {
     ),
     "python -m runner experiment=exploration_ipex_default scale=local dry_run=true": Way(
         expect="dry run: nothing started"
+    ),
+    # The scaling guide's layout for this CPU machine, without a warning about its defaults
+    # (on simulated GPU machines: tests/test_gpu_paths.py).
+    "python -m runner algo=appo dry_run=true": Way(
+        expect="takes the RLlib scaling guide's layout: scaling.num_learners=1 "
+        "scaling.num_gpus_per_learner=0",
+        absent="WARNING",
     ),
     # docs/compile.md
     "python -m runner compile=inductor_default "
@@ -505,6 +513,7 @@ def run_block(commands_in_block: list[str], cwd: Path) -> dict[str, str]:
         out = printed[command] = proc.stdout + proc.stderr
         assert proc.returncode == way.code, f"{line}\n{out[-3000:]}"
         assert way.expect in out, f"{line}\n{out[-3000:]}"
+        assert not way.absent or way.absent not in out, f"{line}\n{out[-3000:]}"
         if way.code == 2:
             assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
         assert "Traceback" not in out, f"{line}\n{out[-3000:]}"

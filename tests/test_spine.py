@@ -17,6 +17,7 @@ from runner import CONFIG_DIR, envs, video
 from runner.api import compose, unique_dir
 from runner.app import prepare
 from runner.errors import ConfigError
+from runner.schema import typed
 
 RUNNER = Path(runner.__file__).resolve().parent
 # The layers of docs/architecture.md, bottom first: a module imports from its own layer
@@ -33,6 +34,7 @@ LAYERS = [
         "check",
         "help",
         "machine",
+        "placement",
         "plan",
         "user_code",
         "ray_session",
@@ -163,7 +165,7 @@ def test_the_env_factory_builds_every_env_with_the_same_settings():
     RLlib EnvRunner's and video's: one factory, so an episode is cut at 7 steps in all."""
     from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 
-    config = prepare(compose_config([*TINY, "+env.env_config.max_episode_steps=7"])).config
+    config = prepare(typed(compose_config([*TINY, "+env.env_config.max_episode_steps=7"]))).config
     assert config.env is envs.RunnerEnv
     driver = envs.make_env(config)
     rollout = envs.random_rollout(driver, 0, 30)

@@ -123,8 +123,15 @@ def module_device(scaling: ScalingConfig, kind: str) -> str:
     return "cuda" if on_gpu else "cpu"
 
 
-def compiled_parts(spec: CompileSpec | None, scaling: ScalingConfig) -> dict[str, str]:
-    """The compiled parts of a training run, each with the device its modules sit on."""
+EVALUATION_RUNNERS = "evaluation EnvRunners"
+
+
+def compiled_parts(
+    spec: CompileSpec | None, scaling: ScalingConfig, evaluation_runners: int = 0
+) -> dict[str, str]:
+    """The compiled parts of a training run, each with the device its modules sit on. The
+    compile callbacks run in every EnvRunner, the `evaluation_runners` remote evaluation
+    EnvRunners too, which take the training EnvRunners' GPUs (a local one takes none)."""
     if spec is None:
         return {}
     parts = {}
@@ -132,9 +139,46 @@ def compiled_parts(spec: CompileSpec | None, scaling: ScalingConfig) -> dict[str
         local = scaling.num_env_runners == 0
         name = "local EnvRunner (scaling.num_env_runners=0)" if local else "EnvRunners"
         parts[name] = module_device(scaling, "env_runners")
+        if evaluation_runners:
+            on_gpu = scaling.num_gpus_per_env_runner > 0
+            parts[EVALUATION_RUNNERS] = "cuda" if on_gpu else "cpu"
     if spec.learners:
         parts["Learners"] = module_device(scaling, "learners")
     return parts
+
+
+# Inductor's modes without CUDA graphs, for Learners that cannot use them.
+_WITHOUT_CUDA_GRAPHS = {"reduce-overhead": "default", "max-autotune": "max-autotune-no-cudagraphs"}
+
+
+def without_ddp_cuda_graphs(
+    spec: CompileSpec | None, scaling: ScalingConfig
+) -> tuple[CompileSpec | None, list[str]]:
+    """Two or more GPU Learners train under DDP, where CUDA graph trees are not supported
+    (pytorch/pytorch#113809; crashes in #128218, replays in #89546): their Learners
+    compile without CUDA graphs (inductor's nearest mode; the cudagraphs backend not at
+    all), the EnvRunners keep the preset, and one warning says so."""
+    ddp = scaling.num_learners is not None and scaling.num_learners >= 2
+    if spec is None or not spec.learners or not ddp or not scaling.num_gpus_per_learner:
+        return spec, []
+    learners = spec.for_learners()
+    if not uses_cuda_graphs(learners):
+        return spec, []
+    preset = f"{learners.backend}/{learners.mode or 'default'}"
+    if learners.backend == "inductor" and learners.mode in _WITHOUT_CUDA_GRAPHS:
+        mode = _WITHOUT_CUDA_GRAPHS[learners.mode]
+        fallback: CompileSpec | None = replace(
+            spec, learner_backend="inductor", learner_mode=mode
+        )
+        instead = f"inductor/{mode}"
+    else:
+        fallback = replace(spec, learners=False) if spec.env_runners else None
+        instead = "eager"
+    return fallback, [
+        f"compile {preset} on {scaling.num_learners} GPU Learners: DDP does not support CUDA "
+        "graph trees (pytorch/pytorch#113809), so the Learners compile with "
+        f"{instead} instead; the EnvRunners keep {preset}"
+    ]
 
 
 def _run(names: list[str]) -> str:
@@ -178,6 +222,9 @@ def check_placement(spec: CompileSpec | None, parts: dict[str, str], algo: str) 
     refused = [name for name, v in verdicts.items() if v and v[0] == REFUSE]
     if refused:
         on = "on a GPU" if parts[refused[0]] == "cuda" else "here"
+        if refused == [EVALUATION_RUNNERS]:
+            on += " (they take scaling.num_gpus_per_env_runner; eval.num_env_runners=0 "
+            on += "evaluates in the driver, on the CPU)"
         raise ConfigError(
             f"compile.backend={spec.backend} runs on onnxruntime's CPU provider, but "
             f"{_run(refused)} {on} (every input and weight would be copied "
@@ -202,7 +249,9 @@ def check_placement(spec: CompileSpec | None, parts: dict[str, str], algo: str) 
             "where no CUDA graphs are used (torch skips them for CPU tensors)"
         )
     on_cuda = [name for name, device in parts.items() if device == "cuda"]
-    if uses_cuda_graphs(spec) and algo == "DQN" and "EnvRunners" in on_cuda:
+    if uses_cuda_graphs(spec) and algo == "DQN" and {"EnvRunners", EVALUATION_RUNNERS} & set(
+        on_cuda
+    ):
         warnings.append(
             f"compile {spec.backend}/{spec.mode or 'default'}: DQN's forward_exploration "
             "writes its epsilon into a CPU tensor's storage on every call (Tensor.data = ...), "
