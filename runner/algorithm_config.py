@@ -12,7 +12,7 @@ and objects in those sections are named by import path or `_target_` (runner/use
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from functools import cache
 from typing import Any
 
@@ -168,7 +168,9 @@ def generated_policies(env: EnvConfig) -> dict[str, Any] | None:
             )
         return None
     shared = env.policies == Policies.shared
-    table = {str(agent): "shared" if shared else str(agent) for agent in agents}
+    table: dict[Hashable, str] = {
+        str(agent): "shared" if shared else str(agent) for agent in agents
+    }
     return {"policies": sorted(set(table.values())), "policy_mapping_fn": PolicyTable(table)}
 
 
@@ -176,12 +178,13 @@ def _multi_agent_replay(config: AlgorithmConfig) -> None:
     """Off-policy algorithms on a multi-agent env sample from RLlib's multi-agent episode
     buffer (RLlib's multi-agent examples switch to it; the single-agent one fails on
     multi-agent episodes)."""
-    buffer = getattr(config, "replay_buffer_config", None)
-    kind = (buffer or {}).get("type")
+    buffer = getattr(config, "replay_buffer_config", None) or {}
+    kind = buffer.get("type")
     if not config.is_multi_agent or not isinstance(kind, str):
         return
     if kind.endswith("EpisodeReplayBuffer") and not kind.startswith("MultiAgent"):
-        config.training(replay_buffer_config={**buffer, "type": f"MultiAgent{kind}"})
+        replay = {"replay_buffer_config": {**buffer, "type": f"MultiAgent{kind}"}}
+        call_builder(config, "training", "algo.training", replay)
 
 
 def build_algorithm_config(settings: RunnerConfig, spec: CompileSpec | None) -> AlgorithmConfig:

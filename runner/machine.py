@@ -11,6 +11,7 @@ import os
 import platform
 import re
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 import torch
 
@@ -45,7 +46,15 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def driver_cuda() -> dict[str, list[str]]:
+class DriverCuda(TypedDict, total=False):
+    """Resources' fields for the GPUs this process sees (none without CUDA)."""
+
+    driver_gpus: list[str]
+    driver_capabilities: list[str]
+    torch_cuda_archs: list[str]
+
+
+def driver_cuda() -> DriverCuda:
     """The GPUs this process sees through torch.cuda, their compute capabilities, and the
     CUDA architectures this torch build has kernels for."""
     if not torch.cuda.is_available():

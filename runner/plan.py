@@ -7,11 +7,16 @@ the plan is what RLlib will ask Ray for, labelled by role. Pure: starts nothing.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
+from typing import TYPE_CHECKING, cast
 
 from ray._private.ray_constants import MIN_RESOURCE_GRANULARITY
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+from ray.tune.execution.placement_groups import PlacementGroupFactory
 
 from runner.errors import ConfigError
+
+if TYPE_CHECKING:
+    from ray.rllib.algorithms.algorithm import Algorithm
 
 UNITS = round(1 / MIN_RESOURCE_GRANULARITY)  # Ray's fixed-point units per CPU or GPU
 
@@ -114,11 +119,15 @@ def _main_note(config: AlgorithmConfig) -> str:
 def make_plan(config: AlgorithmConfig, notes: dict[str, str] | None = None) -> Plan:
     """Label RLlib's bundles: [main, EnvRunners..., evaluation..., Learners or aggregators...];
     `notes`: a role's hosts column, where the runner chose its resources."""
+    # RLlib types algo_class as a plain type; default_config_for sets an Algorithm's.
+    algo_class = cast("type[Algorithm]", config.algo_class)
     try:  # RLlib validates the whole config here: its errors are bad input.
-        request = config.algo_class.default_resource_request(config)
+        request = algo_class.default_resource_request(config)
     except ValueError as ex:
         message = " ".join(str(ex).split()).split(" To suppress all validation errors")[0]
         raise ConfigError(f"RLlib rejected the config: {message}") from ex
+    # The new API stack's algorithms ask for bundles (the old one's Resources are gone).
+    assert isinstance(request, PlacementGroupFactory), type(request)
     bundles = [(b.get("CPU", 0.0), b.get("GPU", 0.0)) for b in request.bundles]
     n_env = config.num_env_runners
     if config.num_learners > 0:

@@ -243,7 +243,7 @@ def check_env(settings: RunnerConfig, config: AlgorithmConfig) -> None:
                 else f"algo.multi_agent declares policies but {setting(settings.env)} is a "
                 "single-agent env; name a MultiAgentEnv, or drop algo.multi_agent"
             )
-        if multi_agent_env:
+        if isinstance(env, MultiAgentEnv):
             _check_mapping(env, config)
         _check_action_space(settings, env)
         _build_module(env, config)
@@ -288,7 +288,9 @@ def _check_mapping(env: MultiAgentEnv, config: AlgorithmConfig) -> None:
     policies = sorted(config.policies)
     for agent in agent_ids(env):
         try:
-            policy = config.policy_mapping_fn(agent, None)
+            # RLlib types the attribute by its 3-argument default; its new API stack calls
+            # it with (agent_id, episode).
+            policy = config.policy_mapping_fn(agent, None)  # type: ignore[call-arg]
         except KeyError as ex:
             raise ConfigError(str(ex.args[0])) from ex
         except Exception:  # a function that needs a real episode: RLlib calls it with one

@@ -189,7 +189,8 @@ def reserve_driver_gpus(gpus: float, timeout: float = 10.0) -> int:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     node = ray.get_runtime_context().get_node_id()
-    holder = (
+    # Any: Ray types options().remote() as the class or a handle, and no handle's methods.
+    holder: Any = (
         ray.remote(_DriverGPUs)
         .options(
             num_cpus=0,

@@ -29,13 +29,14 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 import torch._dynamo
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.core.columns import Columns
+from ray.rllib.core.rl_module.torch import TorchRLModule
 from torch._dynamo.utils import counters
 
 from runner.compile.apply import compile_function
@@ -212,12 +213,13 @@ def check(settings: RunnerConfig, kinds: list[str] | None = None) -> None:
 
 def module_and_batch(
     config: AlgorithmConfig, comp: Component
-) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
+) -> tuple[TorchRLModule, dict[str, torch.Tensor]]:
     """The component's RLModule, as its actor builds it, and an input batch for it."""
     env = make_env(config)
     try:
         spec = config.get_rl_module_spec(env=env, inference_only=comp.kind == "env_runners")
-        module = spec.build().to(comp.device)
+        # RLlib's torch framework builds a TorchRLModule; build() is typed as RLModule.
+        module = cast(TorchRLModule, spec.build()).to(comp.device)
         data = random_rollout(env, config.seed, comp.batch_size)
     finally:
         env.close()
@@ -242,7 +244,7 @@ def module_and_batch(
     return module, batch
 
 
-def _caller(module: torch.nn.Module, batch: dict, kind: str, cuda: bool) -> Callable[[], Any]:
+def _caller(module: TorchRLModule, batch: dict, kind: str, cuda: bool) -> Callable[[], Any]:
     """One call as the component makes it: exploration under no_grad; a Learner's
     forward_train with the backward pass of its outputs."""
 
@@ -277,7 +279,7 @@ def _gap(ours: dict, theirs: dict) -> float:
 
 
 def measure(
-    comp: Component, module: torch.nn.Module, batch: dict, auto: AutoConfig
+    comp: Component, module: TorchRLModule, batch: dict, auto: AutoConfig
 ) -> dict[str, Any]:
     """Eager and every usable candidate, timed round-robin; per candidate its status,
     compile seconds, median seconds per call and gap to eager."""

@@ -119,7 +119,7 @@ def module_device(scaling: ScalingConfig, kind: str) -> str:
     if kind == "env_runners":
         on_gpu = scaling.num_env_runners > 0 and scaling.num_gpus_per_env_runner > 0
     else:
-        on_gpu = scaling.num_gpus_per_learner > 0
+        on_gpu = (scaling.num_gpus_per_learner or 0) > 0  # null: not yet laid out, none
     return "cuda" if on_gpu else "cpu"
 
 
