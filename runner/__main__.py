@@ -56,7 +56,7 @@ def _app(cfg: DictConfig) -> None:
         cfg=cfg,
         run_dir=job_dir,
         overrides=overrides,
-        choices=OmegaConf.to_container(hydra_cfg.runtime.choices),  # type: ignore[arg-type]
+        choices=OmegaConf.to_container(hydra_cfg.runtime.choices),  # type: ignore[arg-type]  # a dict node
         sweep_dir=Path(hydra_cfg.sweep.dir) if in_sweep else None,
         number=hydra_cfg.job.num if in_sweep else None,
     )

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from itertools import islice
-from typing import Any
+from typing import Any, SupportsFloat
 
 import gymnasium as gym
 import numpy as np
@@ -157,7 +157,8 @@ def stack_frames(env: gym.Env, n: int) -> gym.Env:
     return gym.wrappers.TransformObservation(
         gym.wrappers.FrameStackObservation(env, n),
         lambda frames: np.concatenate(list(frames), axis=-1),
-        gym.spaces.Box(low, high, dtype=space.dtype),
+        # gymnasium types dtype as a scalar type; a Box's own dtype is what it takes.
+        gym.spaces.Box(low, high, dtype=space.dtype),  # type: ignore[arg-type]
     )
 
 
@@ -210,7 +211,7 @@ class RunnerEnv:
     returns the env `build` makes from the settings in env_config, not an instance of
     this class."""
 
-    def __new__(cls, env_context: dict[str, Any]) -> Any:  # type: ignore[misc]
+    def __new__(cls, env_context: dict[str, Any]) -> Any:
         context = env_context if isinstance(env_context, EnvContext) else EnvContext(env_context, 0)
         user_config = {k: v for k, v in context.items() if k != SETTINGS_KEY}
         return build(context[SETTINGS_KEY], context.copy_with_overrides(env_config=user_config))
@@ -311,23 +312,25 @@ def random_steps(env: gym.Env | MultiAgentEnv, seed: int | None) -> Iterator[tup
     """Uniformly random actions, an episode after another, as (obs, action, next obs,
     reward, terminated, truncated); a multi-agent env's reward summed over its agents, as
     RLlib's episode_return_mean sums them."""
-    multi_agent = isinstance(env, MultiAgentEnv)
     spaces: dict[Any, gym.Space] = {}
 
     def space(agent: Any) -> gym.Space:  # one seeded space per agent, made when it acts
         if agent not in spaces:
-            spaces[agent] = env.get_action_space(agent) if multi_agent else env.action_space
+            own = env.get_action_space(agent) if isinstance(env, MultiAgentEnv) else None
+            chosen = own or env.action_space
+            assert chosen is not None  # RLlib types a MultiAgentEnv's spaces optional
+            spaces[agent] = chosen
             spaces[agent].seed(None if seed is None else seed + len(spaces))
         return spaces[agent]
 
     obs, _ = env.reset(seed=seed)
     ended: set[Any] = set()  # a multi-agent env's agents whose episode ended before the rest
     while True:
-        if multi_agent:
+        if isinstance(env, MultiAgentEnv):
             action = {agent: space(agent).sample() for agent in obs if agent not in ended}
             next_obs, rewards, terminateds, truncateds, _ = env.step(action)
             ended |= {a for a in action if terminateds.get(a) or truncateds.get(a)}
-            reward = sum(rewards.values())
+            reward: SupportsFloat = sum(rewards.values())
             terminated, truncated = (d.get("__all__", False) for d in (terminateds, truncateds))
         else:
             action = space(None).sample()
@@ -348,7 +351,7 @@ def random_rollout(env: gym.Env, seed: int | None, n: int) -> dict[str, np.ndarr
 
 def random_returns(env: gym.Env | MultiAgentEnv, seed: int | None, episodes: int) -> list[float]:
     """Whole episodes' returns with random actions: a baseline to beat."""
-    steps, returns = random_steps(env, seed), []
+    steps, returns = random_steps(env, seed), list[float]()
     while len(returns) < episodes:
         total = 0.0
         for *_, reward, terminated, truncated in steps:

@@ -340,6 +340,7 @@ class Training:
                 f"(watchdog.seconds); {waiting_for()}",
             )
         elif watch.cause == "abandoned":
+            assert watch.signum is not None  # abandoned after a signal
             progress.signum, progress.abandoned = watch.signum, True
             newest = checkpoints.latest(self.run.run_dir) if self.run.run_dir else None
             progress.end(

@@ -14,16 +14,17 @@ from __future__ import annotations
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import gymnasium as gym
 import numpy as np
 import onnxruntime as ort
 import torch
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
-from ray.rllib.connectors.connector_v2 import ConnectorV2
+from ray.rllib.connectors.connector_pipeline_v2 import ConnectorPipelineV2
 from ray.rllib.core.columns import Columns
 from ray.rllib.core.rl_module.rl_module import RLModule
+from ray.rllib.core.rl_module.torch import TorchRLModule
 from torch.onnx import symbolic_helper
 
 from runner import trained
@@ -57,7 +58,7 @@ class InferenceForward(torch.nn.Module):
 def observations(config: AlgorithmConfig, settings: RunnerConfig, module: RLModule, n: int):
     """`n` observations as the module sees them: the env's own (random actions from a
     seeded reset) when the module takes them unchanged, else samples of its space."""
-    space = module.observation_space
+    space, _ = trained.spaces_of(module)
     env = make_env(config)
     try:
         if env.observation_space.shape != space.shape:
@@ -176,7 +177,7 @@ def to_action(module: RLModule, outputs: list[str], config: AlgorithmConfig) -> 
     return {"distribution": dist, **steps, "to_env": to_env}
 
 
-def describe_env(settings: RunnerConfig, pipeline: ConnectorV2) -> dict[str, Any]:
+def describe_env(settings: RunnerConfig, pipeline: ConnectorPipelineV2) -> dict[str, Any]:
     """What makes an observation: the env, its wrappers, the EnvRunner's connectors."""
     env = settings.env
     found: dict[str, Any] = {"id": env.id, "entry_point": env.entry_point}
@@ -193,7 +194,7 @@ def describe_env(settings: RunnerConfig, pipeline: ConnectorV2) -> dict[str, Any
 
 def export(run: TaskRun) -> None:
     """policy.onnx and policy.json in the run dir, or nothing if the export disagrees."""
-    settings, run_dir = run.settings, run.run_dir
+    settings, run_dir = run.settings, run.files
     task: Any = settings.task  # task=export's ExportSettings
     assert run.checkpoint is not None  # app.run resolves checkpoint= before the task runs
     modules = trained.load_modules(run.checkpoint)
@@ -205,8 +206,9 @@ def export(run: TaskRun) -> None:
             f"{len(modules)} module(s) ({', '.join(modules.keys())}) of a multi-agent run: "
             "multi-agent export is not supported"
         )
-    module_id, module = next(iter(modules.items()))
-    module.eval()
+    module_id, built = next(iter(modules.items()))
+    # RLlib's torch framework builds TorchRLModules; the checkpoint's are typed RLModule.
+    module = cast(TorchRLModule, built).eval()
     obs = observations(config, settings, module, max(task.batch_sizes))
     with torch.no_grad():
         sample = module.forward_inference({Columns.OBS: torch.from_numpy(obs[:1])})
@@ -239,8 +241,8 @@ def export(run: TaskRun) -> None:
             "algo": settings.algo.name,
             "input": {"name": INPUT, "dtype": "float32", "shape": ["batch", *obs.shape[1:]]},
             "outputs": [{"name": n, "shape": ["batch", *shapes[n]]} for n in outputs],
-            "observation_space": describe_space(module.observation_space),
-            "action_space": describe_space(module.action_space),
+            "observation_space": describe_space(trained.spaces_of(module)[0]),
+            "action_space": describe_space(trained.spaces_of(module)[1]),
             "action": to_action(module, outputs, config),
             "env": describe_env(settings, pipeline),
             "parity": {"max_abs_diff": gaps, "tolerance": task.tolerance},

@@ -79,7 +79,7 @@ def compose_with_choices(overrides: list[str]) -> tuple[DictConfig, dict[str, An
     choices = OmegaConf.to_container(cfg.hydra.runtime.choices)
     with open_dict(cfg):
         del cfg["hydra"]
-    return cfg, choices  # type: ignore[return-value]
+    return cfg, choices  # type: ignore[return-value]  # a DictConfig and a dict node's container
 
 
 def compose_for_resume(

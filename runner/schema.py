@@ -475,7 +475,7 @@ def _expand(path: str | None) -> str | None:
 def typed(cfg: DictConfig) -> RunnerConfig:
     """The composed config as typed objects, made once at the boundary: everything after
     this point gets dataclasses (per-task settings included), not a DictConfig."""
-    settings: RunnerConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+    settings: RunnerConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]  # its node's type
     settings.compile.cache_dir = _expand(settings.compile.cache_dir)
     settings.compile.auto.cache_dir = _expand(settings.compile.auto.cache_dir)
     settings.resume = _expand(settings.resume)

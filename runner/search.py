@@ -88,7 +88,7 @@ def _check_key(cfg: DictConfig, key: str) -> None:
     if structured and leaf not in parent:
         raise ConfigError(
             f"search.space: '{key}' is not a key of the composed config"
-            f"{did_you_mean(leaf, list(parent.keys()))}"
+            f"{did_you_mean(leaf, [str(k) for k in parent])}"
         )
 
 
@@ -109,7 +109,7 @@ def with_values(settings: RunnerConfig, values: dict[str, Any]) -> RunnerConfig:
             OmegaConf.update(cfg, key, value, merge=False)
         except OmegaConfBaseException as ex:
             raise ConfigError(f"search.space: '{key}' = {value!r}: {ex.msg}") from ex
-    return OmegaConf.to_object(cfg)  # type: ignore[return-value]
+    return OmegaConf.to_object(cfg)  # type: ignore[return-value]  # a RunnerConfig node
 
 
 def sample_each(space: dict[str, Distribution]) -> list[dict[str, Any]]:

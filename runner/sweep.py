@@ -137,8 +137,8 @@ def summarize(sweep_dir: Path) -> list[dict[str, Any]]:
         raise RunnerError(f"sweep: no job dirs (*/.hydra/) under '{sweep_dir}'")
     rows = [job_row(d) for d in dirs]
     _add_speedups(rows)
-    extra = {k for r in rows for k in r if k.startswith("speedup_b")}
-    extra = sorted(extra, key=lambda k: int(k.removeprefix("speedup_b")))
+    speedups = {k for r in rows for k in r if k.startswith("speedup_b")}
+    extra = sorted(speedups, key=lambda k: int(k.removeprefix("speedup_b")))
     columns = [*COLUMNS, *extra]
     write_csv(sweep_dir / "summary.csv", rows, columns)
     text = markdown(rows, columns)

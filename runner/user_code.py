@@ -72,8 +72,8 @@ def import_module(name: str, where: str) -> ModuleType:
 def locate(path: str, where: str) -> Any:
     """The object at `pkg.module:Name` or `pkg.module.Name`, or one ConfigError line."""
     if ":" in path:
-        module_name, _, attrs = path.partition(":")
-        candidates = [(module_name, attrs.split("."))]
+        module_name, _, dotted = path.partition(":")
+        candidates = [(module_name, dotted.split("."))]
     else:
         parts = path.split(".")
         candidates = [(".".join(parts[:i]), parts[i:]) for i in range(len(parts) - 1, 0, -1)]
@@ -86,10 +86,10 @@ def locate(path: str, where: str) -> Any:
             continue
         for attr in attrs:
             if not hasattr(obj, attr):
-                names = [n for n in dir(obj) if not n.startswith("_")]
+                public = [n for n in dir(obj) if not n.startswith("_")]
                 raise ConfigError(
                     f"{where}: {path}: '{getattr(obj, '__name__', obj)}' has no "
-                    f"'{attr}'{did_you_mean(attr, names)}"
+                    f"'{attr}'{did_you_mean(attr, public)}"
                 )
             obj = getattr(obj, attr)
         return obj

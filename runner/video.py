@@ -77,7 +77,7 @@ class RecordedEnv(gym.Wrapper):
         env = check_rendering(build(own, context, render_mode=RENDER), "the recorded env")
         with warnings.catch_warnings():  # each recording has a prefix of its own
             warnings.filterwarnings("ignore", message=".*Overwriting existing videos")
-            recorder = gym.wrappers.RecordVideo(
+            recorder: gym.Env = gym.wrappers.RecordVideo(
                 env,
                 video["folder"],
                 episode_trigger=lambda episode: episode < video["episodes"],
@@ -118,7 +118,7 @@ def frame_strip(video: Path, out: Path, frames: int = 6, height: int = 120) -> P
     README, decoded with the same ffmpeg that wrote the video."""
     reader = imageio.get_reader(video, format="FFMPEG")
     try:
-        count = reader.count_frames()
+        count = reader.count_frames()  # type: ignore[attr-defined]  # the FFMPEG reader's
         picks = np.linspace(0, count - 1, min(frames, count)).round().astype(int)
         images = [Image.fromarray(reader.get_data(int(i))) for i in picks]
     finally:

@@ -161,13 +161,13 @@ class CompiledCall:
         self.recompiles = 0
         self.counts = dict.fromkeys(COUNTED, 0)
         self.skip_reasons: list[str] = []
-        self.last_args: tuple | None = None
-        self.last_kwargs: dict | None = None
+        # The last real call's arguments, for max_abs_diff's replay (None before one).
+        self.last_call: tuple[tuple, dict] | None = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         out = self._counted(args, kwargs)
         self.calls += 1
-        self.last_args, self.last_kwargs = args, kwargs
+        self.last_call = args, kwargs
         return out
 
     def _counted(self, args: tuple, kwargs: dict) -> Any:
@@ -189,11 +189,12 @@ class CompiledCall:
 
     def max_abs_diff(self) -> float | None:
         """Replay the last real input through compiled and eager code: the largest gap."""
-        if self.last_args is None:
+        if self.last_call is None:
             return None
+        args, kwargs = self.last_call
         # Same grad mode as the real call, so the replay hits the compiled graph as it is.
-        ours = self._counted(self.last_args, self.last_kwargs)
-        theirs = self.eager(*self.last_args, **self.last_kwargs)
+        ours = self._counted(args, kwargs)
+        theirs = self.eager(*args, **kwargs)
         gaps = [
             (ours[k].detach() - v.detach()).abs().max()
             for k, v in theirs.items()
@@ -211,11 +212,15 @@ class CompiledCall:
         }
 
 
-def _torch_modules(module: Any) -> dict[str, torch.nn.Module]:
+def _torch_modules(module: Any) -> dict[str, Any]:
     """The TorchRLModules inside an EnvRunner's or Learner's module, by module id."""
     modules = dict(module.items()) if isinstance(module, MultiRLModule) else {"default": module}
     # unwrapped(): a DDP-wrapped Learner module compiles the module inside.
-    return {mid: m.unwrapped() for mid, m in modules.items() if isinstance(m, torch.nn.Module)}
+    return {
+        mid: m.unwrapped()  # type: ignore[operator]  # an RLModule too: mypy sees nn.Module only
+        for mid, m in modules.items()
+        if isinstance(m, torch.nn.Module)
+    }
 
 
 def _wrap(owner: Any, module: Any, methods: Iterable[str], spec: CompileSpec) -> None:

@@ -81,7 +81,7 @@ def _export(
         torch.onnx.export(
             gm,
             tuple(example_inputs),
-            buffer,
+            buffer,  # type: ignore[arg-type]  # TorchScript's exporter writes file objects too
             dynamo=False,
             input_names=names,
             output_names=out_names,
@@ -155,7 +155,8 @@ class OnnxrtGraph:
             self.session = self._session(args)
             self.built_from = stamp
             counters["onnxrt"]["rebuilds"] += 1
-            counters["onnxrt"]["rebuild_seconds"] += time.perf_counter() - start
+            # dynamo's counters are typed as int Counters; the seconds are a float beside.
+            counters["onnxrt"]["rebuild_seconds"] += time.perf_counter() - start  # type: ignore[assignment]
         feeds = {n: args[i].detach().cpu().contiguous().numpy() for n, i in self.feeds_for}
         results = [torch.from_numpy(y) for y in self.session.run(self.out_names, feeds)]
         return results[0] if self.single else tuple(results)

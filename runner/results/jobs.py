@@ -49,6 +49,6 @@ def earlier_attempt(job_dir: Path, overrides: list[str]) -> tuple[bool, Path | N
             p.rename(attempt / p.name)
         status = job["status"] if job else "unfinished"
         print(f"{job_dir}: the earlier {status} attempt's files are kept in {attempt.name}/")
-        if status == "interrupted" and job["overrides"] == overrides:
+        if job and status == "interrupted" and job["overrides"] == overrides:
             return False, attempt
     return False, None

@@ -141,7 +141,8 @@ class Mirror:
             raise RunnerError(f"{self.setting}: copying to {self.uri}: {one_line(ex)}") from ex
 
     def _push(self, top_only: bool) -> None:
-        files, manifests = [], []
+        files: list[tuple[Path, str]] = []
+        manifests: list[tuple[Path, str]] = []
         found = self.run_dir.glob("*") if top_only else self.run_dir.rglob("*")
         for path in sorted(p for p in found if p.is_file()):
             relative = path.relative_to(self.run_dir).as_posix()

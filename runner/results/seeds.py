@@ -60,7 +60,7 @@ def median(values: np.ndarray, axis: int = -1) -> np.ndarray:
 
 
 def interval(
-    values: list[float], statistic: Callable[..., np.ndarray]
+    values: list[float | None], statistic: Callable[..., np.ndarray]
 ) -> tuple[float | None, float | None, float | None]:
     """(statistic, low, high): the 95 % bootstrap interval; a single value is its own."""
     data = np.asarray([v for v in values if v is not None], dtype=float)

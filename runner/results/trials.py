@@ -181,12 +181,11 @@ def write_experiment(
     groups = {g: choices[g] for g in GROUPS if choices.get(g)}
     base = compose(config_name="config", overrides=[f"{g}={c}" for g, c in groups.items()])
     trial = OmegaConf.structured(search.with_values(settings, values))
-    as_data = {"resolve": True, "enum_to_str": True}
-    base_data = OmegaConf.to_container(base, **as_data)
-    trial_data = OmegaConf.to_container(trial, **as_data)
+    base_data = OmegaConf.to_container(base, resolve=True, enum_to_str=True)
+    trial_data = OmegaConf.to_container(trial, resolve=True, enum_to_str=True)
     changed = {
         k: v
-        for k, v in _diff(base_data, trial_data).items()  # type: ignore[union-attr]
+        for k, v in _diff(base_data, trial_data).items()
         if k not in NOT_IN_EXPERIMENT
     }
     for key, value in values.items():  # the searched keys always, even where unchanged

@@ -79,7 +79,7 @@ class WandbTracker:
             **init_kwargs(settings.logger.wandb, settings, group),
             name=job.display_name,
             dir=str(job.run_dir),
-            config=OmegaConf.to_container(job.cfg, resolve=True),  # type: ignore[arg-type]
+            config=OmegaConf.to_container(job.cfg, resolve=True),  # type: ignore[arg-type]  # a dict node
             settings=wandb.Settings(console="off", quiet=True),
             reinit="create_new",  # a sweep's jobs in one process: one run each
         )

@@ -17,7 +17,7 @@ from runner.errors import ConfigError
 from runner.results import plots
 from runner.results.files import write_csv, write_json
 from runner.schema import COMPONENT_KINDS, RunnerConfig, TaskSettings
-from runner.tasks.base import Task, TaskRun
+from runner.tasks.base import Task, TaskRun, own_settings
 
 if TYPE_CHECKING:  # light at import: the task's heavy modules load when it runs
     from runner.compile.settings import CompileSpec
@@ -50,7 +50,7 @@ class AutotuneSettings(TaskSettings):
 def check(settings: RunnerConfig, spec: CompileSpec | None) -> list[str]:
     from runner.compile import auto
 
-    task: AutotuneSettings = settings.task  # type: ignore[assignment]
+    task = own_settings(settings, AutotuneSettings)
     unknown = sorted(set(task.components) - set(auto.KINDS))
     if unknown or not task.components:
         raise ConfigError(
@@ -136,23 +136,23 @@ def run(run: TaskRun) -> None:
     from runner.compile import auto
 
     settings = run.settings
-    task: AutotuneSettings = settings.task  # type: ignore[assignment]
+    task = own_settings(settings, AutotuneSettings)
     section = auto.choose(settings, run.config, list(task.components), refresh=True)
     print_table(section)
     table = rows(section)
     write_json(
-        run.run_dir / "autotune.json",
+        run.files / "autotune.json",
         {"task": "autotune", "env": settings.env.name, **section, **run.provenance},
     )
-    write_csv(run.run_dir / "autotune.csv", table, COLUMNS)
+    write_csv(run.files / "autotune.csv", table, COLUMNS)
     presets = list(dict.fromkeys(r["preset"] for r in table if r["preset"] != "eager"))
     columns = {}
     for kind in task.components:
         mine = {r["preset"]: r for r in table if r["component"] == kind}
         columns[f"{kind}: per call"] = [mine.get(p, {}).get("call_speedup") for p in presets]
         columns[f"{kind}: with compile"] = [mine.get(p, {}).get("speedup") for p in presets]
-    plots.speedup_bars(run.run_dir / "autotune.png", presets, columns, "speedup over eager (%)")
-    console.print(f"done: results in {run.run_dir}")
+    plots.speedup_bars(run.files / "autotune.png", presets, columns, "speedup over eager (%)")
+    console.print(f"done: results in {run.files}")
 
 
 TASK = Task(

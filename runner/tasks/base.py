@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from omegaconf import DictConfig
 
@@ -46,6 +46,23 @@ class TaskRun:
     choices: dict[str, Any] = field(default_factory=dict)
     # results.uri: the run dir's copy there, refreshed after each checkpoint.
     mirror: Mirror | None = None
+
+    @property
+    def files(self) -> Path:
+        """The run dir of a run that keeps files: every task's own run does."""
+        if self.run_dir is None:
+            raise RuntimeError("this run keeps nothing on disk (its run_dir is None)")
+        return self.run_dir
+
+
+OwnSettings = TypeVar("OwnSettings", bound=TaskSettings)
+
+
+def own_settings(settings: RunnerConfig, kind: type[OwnSettings]) -> OwnSettings:
+    """The task's own settings, typed: the schema composes them as the task's class."""
+    if not isinstance(settings.task, kind):
+        raise TypeError(f"task settings are {type(settings.task).__name__}, not {kind.__name__}")
+    return settings.task
 
 
 def no_warnings(settings: RunnerConfig, spec: CompileSpec | None) -> list[str]:

@@ -26,7 +26,7 @@ from runner.console import console, progress
 from runner.errors import ConfigError
 from runner.results.files import versions, write_csv, write_json
 from runner.schema import RunnerConfig, TaskSettings
-from runner.tasks.base import Task, TaskRun
+from runner.tasks.base import Task, TaskRun, own_settings
 
 if TYPE_CHECKING:  # light at import: the task's heavy modules load when it runs
     from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
@@ -55,7 +55,7 @@ class EvaluateSettings(TaskSettings):
 
 def check(settings: RunnerConfig, spec: CompileSpec | None) -> list[str]:
     """Bad settings: one line before anything is built."""
-    task: EvaluateSettings = settings.task  # type: ignore[assignment]
+    task = own_settings(settings, EvaluateSettings)
     if not task.checkpoint:
         raise ConfigError(
             "task=evaluate needs checkpoint=<run dir or checkpoint dir> (a run this runner "
@@ -78,9 +78,10 @@ def configure(config: AlgorithmConfig, settings: RunnerConfig) -> None:
     from runner.resume import find_checkpoint
     from runner.user_code import beside
 
-    task: EvaluateSettings = settings.task  # type: ignore[assignment]
+    task = own_settings(settings, EvaluateSettings)
     if task.video:
         video.check_renders(config)
+    assert task.checkpoint is not None  # check() refused a missing checkpoint=
     checkpoint, _ = find_checkpoint(task.checkpoint, "checkpoint")
     trained.check_fits(trained.load_modules(checkpoint), config, settings.env)
     config.env_runners(num_env_runners=0)
@@ -166,7 +167,8 @@ def episode_progress(episodes: int) -> Iterator[None]:
     counter the EnvRunners' callbacks feed."""
     import ray
 
-    counter = ray.remote(num_cpus=0)(EpisodeCounter).options(name=_COUNTER).remote()
+    # Any: Ray types options().remote() as the class or a handle, and no handle's methods.
+    counter: Any = ray.remote(num_cpus=0)(EpisodeCounter).options(name=_COUNTER).remote()
     stop = threading.Event()
     with progress("evaluation episodes", episodes) as done:
 
@@ -188,8 +190,8 @@ def episode_progress(episodes: int) -> Iterator[None]:
 def run(run: TaskRun) -> None:
     from runner import video
 
-    settings, run_dir = run.settings, run.run_dir
-    task: EvaluateSettings = settings.task  # type: ignore[assignment]
+    settings, run_dir = run.settings, run.files
+    task = own_settings(settings, EvaluateSettings)
     assert run.checkpoint is not None  # app.run resolves checkpoint= before the task runs
     algo = run.config.build_algo()
     videos: list[str] = []
@@ -202,7 +204,7 @@ def run(run: TaskRun) -> None:
         rows = _collect(algo)
         if task.video:
             files = video.record(
-                algo.config,
+                run.config,
                 algo.env_runner.get_state(),
                 run_dir / "videos",
                 task.video_episodes,

@@ -23,7 +23,7 @@ from runner.results import plots
 from runner.results.files import write_csv, write_json
 from runner.schema import RecordConfig, RunnerConfig, StopConfig, TaskSettings
 from runner.shutdown import Interrupted
-from runner.tasks.base import Task, TaskRun
+from runner.tasks.base import Task, TaskRun, own_settings
 
 if TYPE_CHECKING:  # light at import: the task's heavy modules load when it runs
     from runner.compile.settings import CompileSpec
@@ -49,7 +49,7 @@ class ExplorationBenchSettings(TaskSettings):
 
 def check(settings: RunnerConfig, spec: CompileSpec | None) -> list[str]:
     """Bad exploration_bench settings, caught before anything is built or started."""
-    task: ExplorationBenchSettings = settings.task  # type: ignore[assignment]
+    task = own_settings(settings, ExplorationBenchSettings)
     if spec is None or not spec.env_runners:
         raise ConfigError(NEEDS_ENV_RUNNER_COMPILE)
     if task.timed_iterations < 1 or task.warmup_iterations < 0:
@@ -126,7 +126,7 @@ def run(run: TaskRun) -> None:
 
     settings, config, spec = run.settings, run.config, run.spec
     assert spec is not None  # check() refused compile off
-    task: ExplorationBenchSettings = settings.task  # type: ignore[assignment]
+    task = own_settings(settings, ExplorationBenchSettings)
     from runner import loop
 
     # Both copies keep nothing on disk (the bench's files are its own) and run every
@@ -177,16 +177,16 @@ def run(run: TaskRun) -> None:
         "rows": rows,
         **run.provenance,
     }
-    write_json(run.run_dir / "bench.json", result)
-    write_csv(run.run_dir / "bench.csv", rows)
+    write_json(run.files / "bench.json", result)
+    write_csv(run.files / "bench.csv", rows)
     title = f"{settings.env.name} {settings.algo.name}: {spec.preset} EnvRunners vs eager"
-    plots.exploration_bench(run.run_dir / "bench.png", rows, COPIES, title)
+    plots.exploration_bench(run.files / "bench.png", rows, COPIES, title)
     console.print(
         f"env steps/s over {task.timed_iterations} timed iteration(s): compiled "
         f"{result['compiled_env_steps_per_s']:,.0f}, eager {result['eager_env_steps_per_s']:,.0f}"
         f", speedup {result['speedup']:+.1%}"
     )
-    console.print(f"done: results in {run.run_dir}")
+    console.print(f"done: results in {run.files}")
 
 
 TASK = Task(

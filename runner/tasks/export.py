@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from runner.errors import ConfigError
 from runner.schema import RunnerConfig, TaskSettings
-from runner.tasks.base import Task, TaskRun
+from runner.tasks.base import Task, TaskRun, own_settings
 
 if TYPE_CHECKING:
     from runner.compile.settings import CompileSpec
@@ -34,7 +34,7 @@ class ExportSettings(TaskSettings):
 
 
 def check(settings: RunnerConfig, spec: CompileSpec | None) -> list[str]:
-    task: ExportSettings = settings.task  # type: ignore[assignment]
+    task = own_settings(settings, ExportSettings)
     if not task.checkpoint:
         raise ConfigError(
             "task=export needs checkpoint=<run dir or checkpoint dir> (a run this runner "

@@ -20,18 +20,19 @@ import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from runner.console import console, progress
 from runner.errors import ConfigError
 from runner.results import plots
 from runner.results.files import write_csv, write_json
 from runner.schema import Accelerator, RunnerConfig, TaskSettings
-from runner.tasks.base import Task, TaskRun
+from runner.tasks.base import Task, TaskRun, own_settings
 
 if TYPE_CHECKING:  # light at import: the task's heavy modules load when it runs
     import torch._dynamo
     from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+    from ray.rllib.core.rl_module.torch import TorchRLModule
 
     from runner.compile.settings import CompileSpec
     from runner.plan import Plan
@@ -59,7 +60,7 @@ def check(settings: RunnerConfig, spec: CompileSpec | None) -> list[str]:
     """Bad bench settings fail before anything is built; CUDA graphs on a CPU module warn."""
     from runner.compile.settings import check_placement
 
-    task: InferenceBenchSettings = settings.task  # type: ignore[assignment]
+    task = own_settings(settings, InferenceBenchSettings)
     if spec is None:
         raise ConfigError(NEEDS_COMPILE)
     if settings.algo.multi_agent:
@@ -95,7 +96,7 @@ def driver_only(plan: Plan, settings: RunnerConfig) -> Plan:
     return Plan(groups=[Group("main", 1, 1.0, gpus, note)], strategy=plan.strategy)
 
 
-def build_module(config: AlgorithmConfig) -> tuple[torch.nn.Module, torch.Tensor]:
+def build_module(config: AlgorithmConfig) -> tuple[TorchRLModule, torch.Tensor]:
     """The EnvRunner's RLModule for this config, and one real observation of its env."""
     import torch._dynamo
 
@@ -104,13 +105,15 @@ def build_module(config: AlgorithmConfig) -> tuple[torch.nn.Module, torch.Tensor
     env = make_env(config)
     try:
         obs, _ = env.reset(seed=config.seed)
-        module = config.get_rl_module_spec(env=env, inference_only=True).build().eval()
+        # RLlib's torch framework builds a TorchRLModule; build() is typed as RLModule.
+        spec = config.get_rl_module_spec(env=env, inference_only=True)
+        module = cast("TorchRLModule", spec.build()).eval()
     finally:
         env.close()
     return module, torch.as_tensor(obs)
 
 
-def _timed(module: torch.nn.Module, batch: dict, cuda: bool) -> float:
+def _timed(module: TorchRLModule, batch: dict, cuda: bool) -> float:
     import torch._dynamo
 
     start = time.perf_counter()
@@ -158,7 +161,7 @@ def measure(
 COMPILE_COUNTS = ("frames", "unique_graphs", "cudagraph_skips", "cudagraph_recordings")
 
 
-def _compiled_copy(module: torch.nn.Module, spec: CompileSpec) -> torch.nn.Module:
+def _compiled_copy(module: TorchRLModule, spec: CompileSpec) -> TorchRLModule:
     """A copy of `module` whose forward_exploration compiles afresh, with static shapes."""
     import torch._dynamo
 
@@ -166,7 +169,8 @@ def _compiled_copy(module: torch.nn.Module, spec: CompileSpec) -> torch.nn.Modul
 
     torch._dynamo.reset()  # dynamo caches per code object: the copies share theirs
     twin = copy.deepcopy(module)
-    twin._forward_exploration = compile_function(
+    # Compiled in place of the method, as RLlib's own torch_compile does.
+    twin._forward_exploration = compile_function(  # type: ignore[method-assign]
         replace(spec, dynamic=False), twin._forward_exploration
     )
     return twin
@@ -227,7 +231,7 @@ def run(run: TaskRun) -> None:
 
     settings, spec = run.settings, run.spec
     assert spec is not None  # check() refused compile off
-    task: InferenceBenchSettings = settings.task  # type: ignore[assignment]
+    task = own_settings(settings, InferenceBenchSettings)
     if task.threads is not None:
         torch.set_num_threads(task.threads)
     module, obs = build_module(run.config)
@@ -265,11 +269,11 @@ def run(run: TaskRun) -> None:
         "rows": rows,
         **run.provenance,
     }
-    write_json(run.run_dir / "bench.json", result)
-    write_csv(run.run_dir / "bench.csv", rows)
+    write_json(run.files / "bench.json", result)
+    write_csv(run.files / "bench.csv", rows)
     title = f"{settings.env.name}: {spec.preset} vs eager, torch {torch.__version__}"
-    plots.inference_bench(run.run_dir / "bench.png", rows, title)
-    console.print(f"done: results in {run.run_dir}")
+    plots.inference_bench(run.files / "bench.png", rows, title)
+    console.print(f"done: results in {run.files}")
 
 
 TASK = Task(

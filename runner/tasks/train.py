@@ -48,7 +48,7 @@ def draw_learning_curve(run: TaskRun, progress: Any) -> None:
     evaluated = [(x, y) for x, y in evaluation if y is not None]
     if training or evaluated:
         threshold = progress.check.threshold if progress.check.active else None
-        plots.learning_curve(run.run_dir / "learning_curve.png", training, evaluated, threshold)
+        plots.learning_curve(run.files / "learning_curve.png", training, evaluated, threshold)
 
 
 def run(run: TaskRun) -> None:
@@ -74,13 +74,13 @@ def run(run: TaskRun) -> None:
         "gpus_used": compile_report.gpus_used(reports),
         **run.provenance,
     }
-    write_json(run.run_dir / "summary.json", summary)
+    write_json(run.files / "summary.json", summary)
     draw_learning_curve(run, progress)
     console.print(
         f"{'done' if progress.status == 'finished' else 'stopped'} "
         f"({summary['stop_reason'] or 'no stop criterion'}): "
         f"{summary['iterations'] or 0} iterations, {summary['env_steps'] or 0:,.0f} env steps, "
-        f"{summary['wall_seconds']:.1f} s; results in {run.run_dir}"
+        f"{summary['wall_seconds']:.1f} s; results in {run.files}"
     )
     if progress.error is not None:
         raise progress.error
@@ -90,7 +90,7 @@ def run(run: TaskRun) -> None:
             progress.signum,
             f"{progress.reason}; "
             + (
-                f"checkpoint {newest}; continue with resume={run.run_dir}"
+                f"checkpoint {newest}; continue with resume={run.files}"
                 if newest
                 else "no checkpoint was written"
             ),

@@ -21,7 +21,7 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from omegaconf import OmegaConf
 
@@ -30,10 +30,11 @@ from runner.errors import ConfigError, RunnerError
 from runner.results.files import write_json
 from runner.schema import RunnerConfig, TaskSettings
 from runner.shutdown import HANDLED, Interrupted, in_main_thread, install_default
-from runner.tasks.base import Task, TaskRun
+from runner.tasks.base import Task, TaskRun, own_settings
 
 if TYPE_CHECKING:  # light at import: the task's heavy modules load when it runs
     from ray import tune
+    from ray.rllib.algorithms.algorithm import Algorithm
 
     from runner.compile.settings import CompileSpec
     from runner.plan import Plan
@@ -70,7 +71,7 @@ def check(settings: RunnerConfig, spec: CompileSpec | None) -> list[str]:
     from runner import search
     from runner.algorithm_config import build_algorithm_config
 
-    task: TuneSettings = settings.task  # type: ignore[assignment]
+    task = own_settings(settings, TuneSettings)
     if not settings.search.space:
         raise ConfigError(
             "task=tune needs a search space: choose one with search=ppo_cartpole (conf/search/) "
@@ -107,7 +108,7 @@ def same_as_begun(settings: RunnerConfig, run_dir: Path) -> None:
         return
     began = OmegaConf.to_container(OmegaConf.load(saved), resolve=True)
     now = OmegaConf.to_container(OmegaConf.structured(settings), resolve=True, enum_to_str=True)
-    changed = [k for k in FIXED_WHEN_RESUMED if began.get(k) != now.get(k)]  # type: ignore[union-attr]
+    changed = [k for k in FIXED_WHEN_RESUMED if began.get(k) != now.get(k)]  # type: ignore[union-attr]  # both are dicts: the saved and this config
     if changed:
         raise ConfigError(
             f"resume={run_dir} continues a search as it began; drop the {', '.join(changed)}.* "
@@ -117,7 +118,7 @@ def same_as_begun(settings: RunnerConfig, run_dir: Path) -> None:
 
 def scale_plan(plan: Plan, settings: RunnerConfig) -> Plan:
     """`max_concurrent` trials at once (no more than there are), each all of a run's actors."""
-    task: TuneSettings = settings.task  # type: ignore[assignment]
+    task = own_settings(settings, TuneSettings)
     n = min(task.max_concurrent, task.num_samples)
     return plan.trials(n, f"x{n}: task.max_concurrent trials at once")
 
@@ -196,7 +197,7 @@ def report_to_tune(training: Any, result: dict, reason: str) -> None:
 def _searcher(run: TaskRun, preset: dict[str, Any] | None) -> Any:
     from ray.tune.search import BasicVariantGenerator
 
-    task: TuneSettings = run.settings.task  # type: ignore[assignment]
+    task = own_settings(run.settings, TuneSettings)
     first = [preset] if preset else None
     if task.searcher == "random":
         return BasicVariantGenerator(points_to_evaluate=first, random_state=run.settings.seed)
@@ -210,7 +211,7 @@ def _searcher(run: TaskRun, preset: dict[str, Any] | None) -> Any:
 
 def began_in(run: TaskRun) -> Path:
     """The run dir where the search began (a resumed search's earlier one)."""
-    return run.checkpoint.parent if run.checkpoint is not None else run.run_dir
+    return run.checkpoint.parent if run.checkpoint is not None else run.files
 
 
 def mlflow_experiment(run: TaskRun) -> str | None:
@@ -231,7 +232,7 @@ def _callbacks(run: TaskRun, experiment: str | None) -> list[Any]:
     grouped by the run dir where the search began)."""
     from runner.results import tracking
 
-    settings, callbacks = run.settings, []
+    settings, callbacks = run.settings, list[Any]()
     if experiment is not None:
         from ray.air.integrations.mlflow import MLflowLoggerCallback
 
@@ -240,7 +241,7 @@ def _callbacks(run: TaskRun, experiment: str | None) -> list[Any]:
             MLflowLoggerCallback(
                 tracking_uri=tracking.tracking_uri(settings.logger.mlflow.tracking_uri),
                 experiment_name=experiment,
-                tags=tracking.tags(settings, run.run_dir),
+                tags=tracking.tags(settings, run.files),
             )
         )
     if settings.logger.wandb is not None:
@@ -262,11 +263,12 @@ def make_tuner(run: TaskRun, experiment: str | None) -> tune.Tuner:
     from runner import search
     from runner.resume import SEARCH_DIR
 
-    settings, tune_dir = run.settings, run.run_dir / SEARCH_DIR
-    trainable = tune.with_resources(
-        tune.with_parameters(trial, settings=settings),
-        run.config.algo_class.default_resource_request(run.config),
-    )
+    settings, tune_dir = run.settings, run.files / SEARCH_DIR
+    # RLlib types algo_class as a plain type; the config's is an Algorithm's, whose new API
+    # stack asks for bundles.
+    request = cast("type[Algorithm]", run.config.algo_class).default_resource_request(run.config)
+    assert isinstance(request, tune.PlacementGroupFactory), type(request)
+    trainable = tune.with_resources(tune.with_parameters(trial, settings=settings), request)
     if run.checkpoint is not None:
         same_as_begun(settings, run.checkpoint.parent)
         shutil.copytree(run.checkpoint, tune_dir)
@@ -274,7 +276,7 @@ def make_tuner(run: TaskRun, experiment: str | None) -> tune.Tuner:
         return tune.Tuner.restore(
             str(tune_dir.resolve()), trainable, resume_unfinished=True, resume_errored=True
         )
-    task: TuneSettings = settings.task  # type: ignore[assignment]
+    task = own_settings(settings, TuneSettings)
     preset = None
     if task.baseline_first:
         preset, why = search.preset_values(settings.search.space, settings, run.config)
@@ -304,7 +306,7 @@ def make_tuner(run: TaskRun, experiment: str | None) -> tune.Tuner:
             trial_dirname_creator=lambda t: f"trial_{t.trial_id}",
         ),
         run_config=tune.RunConfig(
-            storage_path=str(run.run_dir.resolve()),
+            storage_path=str(run.files.resolve()),
             name=SEARCH_DIR,
             callbacks=_callbacks(run, experiment),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
@@ -347,13 +349,13 @@ def run(run: TaskRun) -> None:
     from runner.results import tracking, trials
     from runner.resume import SEARCH_DIR
 
-    settings, run_dir = run.settings, run.run_dir
-    task: TuneSettings = settings.task  # type: ignore[assignment]
+    settings, run_dir = run.settings, run.files
+    task = own_settings(settings, TuneSettings)
     start = time.perf_counter()
     experiment = mlflow_experiment(run)
     signum = fit(make_tuner(run, experiment))
     if experiment is not None:
-        uri = settings.logger.mlflow.tracking_uri  # type: ignore[union-attr]
+        uri = settings.logger.mlflow.tracking_uri  # type: ignore[union-attr]  # logger=mlflow here
         _, experiment_id = tracking.mlflow_experiment(uri, experiment)
         tracking.end_running(uri, experiment_id)
     rows = trials.read(run_dir / SEARCH_DIR, METRIC)
