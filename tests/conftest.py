@@ -42,9 +42,10 @@ def pytest_itemcollected(item: pytest.Item) -> None:
         item.add_marker(pytest.mark.xdist_group(item.module.__name__))
 
 
-# Modules whose tests build configs, plans and help pages only: they never start or join a
-# Ray, so they run beside an `alone` test (whose `ray stop` stops only Ray's processes).
-RAY_FREE = {"test_config", "test_preflight", "test_help"}
+# Modules whose tests build configs, plans and help pages or run the type check only: they
+# never start or join a Ray, so they run beside an `alone` test (whose `ray stop` stops only
+# Ray's processes).
+RAY_FREE = {"test_config", "test_preflight", "test_help", "test_types"}
 
 
 def _ray_free(item: pytest.Item) -> bool:
