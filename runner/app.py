@@ -161,14 +161,14 @@ def run(job: Job, start_time: float, attempt: Path | None = None) -> dict[str, A
 
     settings = typed(cfg)
     address = cluster_address(settings.ray)
+    cluster = None
     if address:
         if joined := joined_by_environment(settings.ray):
             console.print(joined)
         start_ray(settings.ray, settings.compile.cache_dir)
-        resources = machine.cluster_resources(address)
-    else:
-        resources = machine.local_resources(settings.ray)
-    prepared = prepare(settings, resources)
+        cluster = machine.cluster_resources(address)
+    prepared = prepare(settings, cluster)
+    resources = prepared.resources
     mirror = None
     if settings.results.uri:
         mirror = remote.Mirror(settings.results.uri, run_dir)
@@ -205,9 +205,7 @@ def run(job: Job, start_time: float, attempt: Path | None = None) -> dict[str, A
     tracker = tracking.start(settings, job) if prepared.task.tracked else tracking.Trackers()
     status = "FAILED"
     try:
-        task_run = started(
-            prepared, job, tracker, resources, start_time, checkpoint, history, mirror
-        )
+        task_run = started(prepared, job, tracker, start_time, checkpoint, history, mirror)
         prepared.task.run(task_run)
         status = "FINISHED"
     except Interrupted:
@@ -238,7 +236,6 @@ def started(
     prepared: Prepared,
     job: Job,
     tracker: tracking.Trackers,
-    resources: machine.Resources,
     start_time: float,
     checkpoint: Path | None,
     history: list[str],
@@ -265,7 +262,7 @@ def started(
         spec=spec,
         auto=auto,
         run_dir=job.run_dir,
-        provenance=provenance(settings, resources, job.choices),
+        provenance=provenance(settings, prepared.resources, job.choices),
         start_time=start_time,
         checkpoint=checkpoint,
         history=history,

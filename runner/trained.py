@@ -64,9 +64,7 @@ def _same_kind(a: gym.Space, b: gym.Space) -> bool:
     return type(a) is type(b) and a.shape == b.shape and getattr(a, "n", 0) == getattr(b, "n", 0)
 
 
-def env_to_module(
-    config: AlgorithmConfig, env: EnvConfig
-) -> tuple[ConnectorPipelineV2, gym.Space]:
+def env_to_module(config: AlgorithmConfig, env: EnvConfig) -> tuple[ConnectorPipelineV2, gym.Space]:
     """The config's env-to-module connector pipeline for the env (made here, in the
     driver), and the env's action space."""
     built = make_env(config)

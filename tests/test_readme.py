@@ -276,6 +276,12 @@ WAYS: dict[str, Way] = {
     # docs/gpu.md (run by tests/test_gpu_smoke.py, which checks what the dry run planned)
     "python benchmarks/gpu_smoke.py --dry-run": Way(expect="written: outputs/gpu_smoke/smoke.md"),
     "python benchmarks/gpu_smoke.py": Way(code=2, expect="sees no CUDA GPU here"),
+    # docs/gpu.md, on a bare GPU machine (run by tests/test_gpu_bundle.py in a Python 3.12
+    # venv made like that machine)
+    "python benchmarks/gpu_bundle.py": Way(expect="written: "),
+    "bash .gpu_bundle/run.sh dry": Way(expect="run.sh: dry passed"),
+    "bash .gpu_bundle/run.sh check": Way(code=2, expect="sees no CUDA GPU here"),
+    "bash .gpu_bundle/run.sh smoke": Way(code=2, expect="sees no CUDA GPU here"),
     # Results and resume
     # The resumed run composes these overrides, the small batch with them.
     "python -m runner stop.iterations=2 hydra.run.dir=outputs/my_run": Way(
@@ -344,6 +350,7 @@ RUN_ELSEWHERE = {
     "Use what you trained": "tests/test_use_trained.py",
     "Search and track": "tests/test_tune.py",
     "On a GPU": "tests/test_gpu_smoke.py",
+    "On a bare GPU machine": "tests/test_gpu_bundle.py",
     "Reproductions": "tests/test_reproductions.py",
     "Ray Jobs": "tests/test_ray_jobs.py",
     "Results in object storage": "tests/test_results_uri.py",

@@ -167,9 +167,7 @@ def without_ddp_cuda_graphs(
     preset = f"{learners.backend}/{learners.mode or 'default'}"
     if learners.backend == "inductor" and learners.mode in _WITHOUT_CUDA_GRAPHS:
         mode = _WITHOUT_CUDA_GRAPHS[learners.mode]
-        fallback: CompileSpec | None = replace(
-            spec, learner_backend="inductor", learner_mode=mode
-        )
+        fallback: CompileSpec | None = replace(spec, learner_backend="inductor", learner_mode=mode)
         instead = f"inductor/{mode}"
     else:
         fallback = replace(spec, learners=False) if spec.env_runners else None
@@ -249,8 +247,10 @@ def check_placement(spec: CompileSpec | None, parts: dict[str, str], algo: str) 
             "where no CUDA graphs are used (torch skips them for CPU tensors)"
         )
     on_cuda = [name for name, device in parts.items() if device == "cuda"]
-    if uses_cuda_graphs(spec) and algo == "DQN" and {"EnvRunners", EVALUATION_RUNNERS} & set(
-        on_cuda
+    if (
+        uses_cuda_graphs(spec)
+        and algo == "DQN"
+        and {"EnvRunners", EVALUATION_RUNNERS} & set(on_cuda)
     ):
         warnings.append(
             f"compile {spec.backend}/{spec.mode or 'default'}: DQN's forward_exploration "

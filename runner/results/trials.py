@@ -183,11 +183,7 @@ def write_experiment(
     trial = OmegaConf.structured(search.with_values(settings, values))
     base_data = OmegaConf.to_container(base, resolve=True, enum_to_str=True)
     trial_data = OmegaConf.to_container(trial, resolve=True, enum_to_str=True)
-    changed = {
-        k: v
-        for k, v in _diff(base_data, trial_data).items()
-        if k not in NOT_IN_EXPERIMENT
-    }
+    changed = {k: v for k, v in _diff(base_data, trial_data).items() if k not in NOT_IN_EXPERIMENT}
     for key, value in values.items():  # the searched keys always, even where unchanged
         *parents, leaf = key.split(".")
         node = changed
