@@ -317,9 +317,10 @@ class Training:
                 else row["last_episode_return_mean"],
             },
             verify=lambda: learners_in_service(self.algo),
+            scratch=self.run.scratch,
         )
         keep = self.settings.checkpoint
-        checkpoints.prune(run_dir, keep.keep, keep.keep_best)
+        checkpoints.prune(run_dir, keep.keep, keep.keep_best, self.run.scratch)
         if self.run.mirror is not None:
             try:
                 self.run.mirror.push()

@@ -49,18 +49,24 @@ def _files(root: Path) -> list[Path]:
 
 
 def save(
-    algo: Any, run_dir: Path, facts: dict[str, Any], verify: Callable[[], None] = lambda: None
+    algo: Any,
+    run_dir: Path,
+    facts: dict[str, Any],
+    verify: Callable[[], None] = lambda: None,
+    scratch: Path | None = None,
 ) -> Path:
     """`algo.save_to_path` into a temporary dir, `verify()`, the manifest last, then one rename.
 
     `facts` (iteration, env_steps, episode_return_mean, ...) go into the manifest. On an
     error (a full disk, or `verify` raising because a part of the state went missing) the
     temporary dir is removed and the error raised: the checkpoints already written stay
-    as they were."""
+    as they were. The temporary dir lies in `scratch` (on the run dir's disk) when
+    something copies the run dir while it runs, as Ray Tune does a trial's."""
     final = checkpoint_dir(run_dir, algo.iteration)
-    temporary = final.with_name(f".{final.name}.tmp")
+    temporary = (scratch or final.parent) / f".{final.name}.tmp"
     shutil.rmtree(temporary, ignore_errors=True)
-    temporary.parent.mkdir(parents=True, exist_ok=True)
+    for folder in {temporary.parent, final.parent}:
+        folder.mkdir(parents=True, exist_ok=True)
     try:
         algo.save_to_path(str(temporary.resolve()))
         verify()
@@ -152,9 +158,12 @@ def verified(checkpoint: Path) -> Path:
     raise CorruptCheckpoint(f"checkpoint '{checkpoint}' is corrupt: {bad}; use {instead}")
 
 
-def prune(run_dir: Path, keep: int | None, keep_best: int) -> list[Path]:
+def prune(
+    run_dir: Path, keep: int | None, keep_best: int, scratch: Path | None = None
+) -> list[Path]:
     """Remove all but the newest `keep` checkpoints and the `keep_best` ones with the
-    highest score (None keeps all); return the removed ones."""
+    highest score (None keeps all); return the removed ones. With `scratch`, each leaves
+    the run dir in one rename before its files are deleted there."""
     if keep is None:
         return []
     found = complete(run_dir)
@@ -162,5 +171,8 @@ def prune(run_dir: Path, keep: int | None, keep_best: int) -> list[Path]:
     kept.update(sorted(reversed(found), key=score, reverse=True)[:keep_best])
     removed = [p for p in found if p not in kept]
     for p in removed:
-        shutil.rmtree(p)
+        gone = p
+        if scratch is not None:
+            gone = p.rename(scratch / f".{p.name}.removed")
+        shutil.rmtree(gone)
     return removed

@@ -46,6 +46,10 @@ class TaskRun:
     choices: dict[str, Any] = field(default_factory=dict)
     # results.uri: the run dir's copy there, refreshed after each checkpoint.
     mirror: Mirror | None = None
+    # Where checkpoints are written and pruned out of the run dir's sight, on its disk:
+    # Ray Tune copies a trial's dir while the trial runs (a file that vanished mid-copy
+    # fails Tune's sync), so a trial writes them beside its dir, never in it.
+    scratch: Path | None = None
 
     @property
     def files(self) -> Path:

@@ -141,6 +141,9 @@ def trial(values: dict[str, Any], settings: RunnerConfig) -> None:
     spec, _ = resolve(settings.compile)
     config = build_algorithm_config(settings, spec)
     trial_dir = Path(tune.get_context().get_trial_dir())
+    # The trial's working dir: on the trial dir's disk, and no sync copies it.
+    scratch = Path(tune.get_context().get_storage().trial_working_directory)
+    scratch.mkdir(parents=True, exist_ok=True)
     checkpoint = tune.get_checkpoint()
     with contextlib.ExitStack() as stack:
         restore = None if checkpoint is None else stack.enter_context(checkpoint.as_directory())
@@ -152,6 +155,7 @@ def trial(values: dict[str, Any], settings: RunnerConfig) -> None:
             provenance={},
             start_time=time.perf_counter(),
             checkpoint=Path(restore) if restore else None,
+            scratch=scratch,
         )
         figures = loop.train(run, on_iteration=report_to_tune)
     error = figures["progress"].error
