@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import importlib
+import logging
 import os
 import sys
 import threading
@@ -190,21 +191,26 @@ def main() -> None:
 
 
 def cli() -> None:
-    """`main`, then the exit a finished run needs and no more: threads joined, exit handlers
-    run (Ray's shutdown among them), the streams flushed. The interpreter's teardown of
-    torch's and RLlib's modules, which takes a second or more, is skipped: every result
-    is on disk by then."""
+    """`main`, then the exit a finished run needs and no more: the interpreter joins the
+    threads and runs the exit handlers registered since (Ray's shutdown among them); the
+    last of them, `_exit_now`, flushes the logs and the streams and ends the process
+    there. The interpreter's teardown of torch's and RLlib's modules, which takes a second
+    or more, is skipped: every result is on disk by then."""
+    code = [0]
+
+    def _exit_now() -> None:
+        logging.shutdown()  # registered before this handler, so it would run after it
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError):  # a reader that left (`| head`) wants no more
+                stream.flush()
+        os._exit(code[0])
+
+    atexit.register(_exit_now)  # before anything the run registers, so it runs after all
     try:
         main()
-        code = 0
     except SystemExit as ex:
-        code = ex.code if isinstance(ex.code, int) else (0 if ex.code is None else 1)
-    threading._shutdown()  # type: ignore[attr-defined]  # the interpreter's exit does this first
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError):  # a reader that left (`| head`) wants nothing more
-            stream.flush()
-    os._exit(code)
+        code[0] = ex.code if isinstance(ex.code, int) else (0 if ex.code is None else 1)
+    sys.exit(code[0])
 
 
 if __name__ == "__main__":

@@ -102,3 +102,31 @@ def test_ruff_clean():
         text=True,
     )
     assert result.returncode == 0, result.stdout
+
+
+def test_no_private_calls_into_the_standard_library():
+    """The runner uses the standard library's public API only (its exit included): no
+    `module._name` on a standard-library module, such as `threading._shutdown`."""
+    import ast
+
+    found = []
+    for path in sorted((ROOT / "runner").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        stdlib = {
+            alias.asname or alias.name
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Import)
+            for alias in node.names
+            if alias.name.split(".")[0] in sys.stdlib_module_names
+        }
+        found += [
+            f"{path.relative_to(ROOT)}:{node.lineno}: {node.value.id}.{node.attr}"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in stdlib
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+            and node.attr != "_exit"  # os._exit: public, documented
+        ]
+    assert found == []
