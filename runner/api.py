@@ -26,24 +26,22 @@ from runner import CONFIG_DIR
 from runner.schema import RunnerConfig
 
 RESOLVER = "unique_dir"
-_made: dict[str, str] = {}  # the dir each base got, in this process
 
 
 def unique_dir(base: str) -> str:
     """A new dir at `base`, or `base-2`, `base-3`, ... when another run took it: made
-    with one atomic mkdir, so runs started in the same second never share one. The same
-    base asked again in this process gets the same dir (Hydra resolves it more than once)."""
-    if base not in _made:
-        Path(base).parent.mkdir(parents=True, exist_ok=True)
-        for n in itertools.count(1):
-            candidate = base if n == 1 else f"{base}-{n}"
-            try:
-                os.mkdir(candidate)
-            except FileExistsError:
-                continue
-            _made[base] = candidate
-            break
-    return _made[base]
+    with one atomic mkdir, so runs (and sweeps) started in the same second never share
+    one. Each call makes a new dir: as a resolver it is cached within one composition
+    (OmegaConf's resolver cache, which Hydra copies into each job of a sweep)."""
+    Path(base).parent.mkdir(parents=True, exist_ok=True)
+    for n in itertools.count(1):
+        candidate = base if n == 1 else f"{base}-{n}"
+        try:
+            os.mkdir(candidate)
+        except FileExistsError:
+            continue
+        return candidate
+    raise AssertionError("unreachable")  # itertools.count never ends
 
 
 def register_configs() -> None:

@@ -8,6 +8,7 @@ Sections inside `algo` are named after the AlgorithmConfig builder method they f
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -472,9 +473,37 @@ def _expand(path: str | None) -> str | None:
     return str(Path(path).expanduser()) if path and "://" not in path else path
 
 
+def unread_keys(cfg: DictConfig, path: str = "") -> list[tuple[str, list[str]]]:
+    """The keys of typed sections that their schema has no field for, each with the
+    section's fields: a key added with `+` that nothing would read (OmegaConf.to_object
+    drops it without a word). Free-form sections (a dict's keys) are read as they are."""
+    kind = OmegaConf.get_type(cfg)
+    names = [f.name for f in dataclasses.fields(kind)] if dataclasses.is_dataclass(kind) else None
+    found = []
+    for key, value in cfg.items_ex(resolve=False):
+        full = f"{path}.{key!s}" if path else str(key)
+        if names is not None and key not in names:
+            found.append((full, names))
+        elif (
+            isinstance(value, DictConfig)
+            and not OmegaConf.is_missing(cfg, key)
+            and cfg.get(key) is not None  # an optional section that is set
+        ):
+            found += unread_keys(value, full)
+    return found
+
+
 def typed(cfg: DictConfig) -> RunnerConfig:
     """The composed config as typed objects, made once at the boundary: everything after
-    this point gets dataclasses (per-task settings included), not a DictConfig."""
+    this point gets dataclasses (per-task settings included), not a DictConfig. A key
+    no setting reads is refused in one line."""
+    from runner.errors import ConfigError, did_you_mean
+
+    for key, names in unread_keys(cfg):
+        raise ConfigError(
+            f"unknown config key '{key}'{did_you_mean(key.rsplit('.', 1)[-1], names)}: no "
+            "setting reads it; `python -m runner --cfg job` lists the keys"
+        )
     settings: RunnerConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]  # its node's type
     settings.compile.cache_dir = _expand(settings.compile.cache_dir)
     settings.compile.auto.cache_dir = _expand(settings.compile.auto.cache_dir)

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SERVER = r"""
-import importlib, json, os, site, sys, time
+import atexit, importlib, json, os, site, sys, threading, time
 
 import runner.__main__ as entry
 # What a job imports (torch, Ray, RLlib, each task's modules), once for every child: the
@@ -79,7 +79,12 @@ def start(job):
                 os.dup2(f, fd)
             sys.argv = ["runner", *job["args"]]
             entry.START = time.perf_counter()  # the run's clock starts now, not at the import
-            entry.cli()  # the CLI's own exit: threads joined, atexit's run, os._exit(its code)
+            try:
+                entry.cli()
+            except SystemExit:  # what the interpreter does next at its exit: the threads
+                # joined, the exit handlers run; the CLI's last one ends the process
+                threading._shutdown()  # type: ignore[attr-defined]  # the interpreter's own step
+                atexit._run_exitfuncs()
         finally:
             os._exit(code)  # reached only when the child failed before the CLI ran
     return pid

@@ -11,6 +11,16 @@ from cli_forks import Forked, run_each
 
 CASES = {
     "misspelled key": (["scaling.num_env_runnrs=1"], "did you mean num_env_runners"),
+    # Added with '+', a key no setting reads (OmegaConf drops it when it types the config).
+    "misspelled key added": (
+        ["+stop.iteratons=3"],
+        "unknown config key 'stop.iteratons' (did you mean iterations?): no setting reads it",
+    ),
+    "misspelled top-level key added": (["+seeed=3"], "'seeed' (did you mean seed?)"),
+    "a task's key added to another task": (
+        ["+task.num_samples=3"],
+        "unknown config key 'task.num_samples': no setting reads it",
+    ),
     "unknown group option": (["compile=inductr"], "unknown option 'inductr' for config group"),
     "negative EnvRunner count": (["scaling.num_env_runners=-1"], "num_env_runners must be >= 0"),
     "fractional EnvRunner count": (

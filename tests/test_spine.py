@@ -213,7 +213,37 @@ def test_unique_dir_suffixes_a_taken_name(tmp_path: Path):
     Path(base).mkdir(parents=True)  # another run's
     made = unique_dir(base)
     assert made == f"{base}-2" and Path(made).is_dir()
-    assert unique_dir(base) == made  # asked again in this process: the same dir
+    assert unique_dir(base) == f"{base}-3"  # each call a new dir, in one process too
+
+
+def test_each_api_run_gets_its_own_run_dir(tmp_path: Path, monkeypatch):
+    """Three `run()` calls in a row in one process (the clock's second mostly shared):
+    three run dirs, each with its own plan."""
+    monkeypatch.chdir(tmp_path)
+    dirs = [runner.run(["dry_run=true", f"seed={n}"])["run_dir"] for n in range(3)]
+    assert len(set(dirs)) == 3 and all((Path(d) / "plan.json").is_file() for d in dirs)
+
+
+@pytest.mark.slow
+def test_two_sweeps_launched_at_once_get_their_own_sweep_dirs(tmp_path: Path):
+    """Two `-m` sweeps launched together, naming their sweep dir with the same second (the
+    default's resolver, its time fixed): each gets its own dir, and each summary holds its
+    own jobs only."""
+    assert "dir: ${unique_dir:outputs/multirun/" in (Path(CONFIG_DIR) / "config.yaml").read_text()
+    same = "hydra.sweep.dir=${unique_dir:outputs/multirun/same-second}"
+    sweeps = [["-m", "dry_run=true", f"seed={a},{b}", same] for a, b in ((1, 2), (3, 4))]
+    results = run_many([(tmp_path, args) for args in sweeps], forks=2, env=shared_ray.env())
+    assert [r.returncode for r in results] == [0, 0], [r.stderr[-2000:] for r in results]
+    dirs = sorted((tmp_path / "outputs" / "multirun").iterdir())
+    assert [d.name for d in dirs] == ["same-second", "same-second-2"]
+    seeds = sorted(
+        sorted(json.loads((job / "job.json").read_text())["overrides"] for job in d.glob("[0-9]"))
+        for d in dirs
+    )
+    assert seeds == [
+        [["dry_run=True", "seed=1"], ["dry_run=True", "seed=2"]],
+        [["dry_run=True", "seed=3"], ["dry_run=True", "seed=4"]],
+    ]
 
 
 @pytest.mark.slow
