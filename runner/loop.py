@@ -1,16 +1,15 @@
 """The one training loop: every `Algorithm.train()` the runner makes is called here.
 
 task=train, each Ray Tune trial and both copies of the exploration bench drive a
-`Training`: one iteration at a time, each printed, appended to metrics.jsonl, TensorBoard
-and the tracker, checked for non-finite losses, gradient norms and returns
-(runner/guard.py), held against the pass criterion (`check.*`) and the stop criteria
-(`stop.*`), checkpointed every `checkpoint.every` iterations (whole or not at all, ranked
-by the evaluation return when `eval.every` evaluates during training:
-runner/results/checkpoints.py) and, with `record.every`, recorded to videos/
-(runner/video.py). `train` adds the watch (signals, the grace after one, the stall
-watchdog: runner/shutdown.py), the final checkpoint and the run's figures. A signal, a
-stall, a non-finite value or a crash ends a run the same way, with `status` saying which
-and the checkpoints that finished kept.
+`Training`: one iteration at a time, its row kept, then handed to the run's callbacks
+(runner/callbacks.py), which print it, write it to metrics.jsonl, TensorBoard and the
+loggers, guard against non-finite values, checkpoint (whole or not at all, ranked by the
+evaluation return when `eval.every` evaluates during training:
+runner/results/checkpoints.py), record video, hold it against the pass criterion and
+the stop criteria, and may ask to stop. `train` adds the watch (signals, the grace after
+one, the stall watchdog: runner/shutdown.py), the final checkpoint and the run's
+figures. A signal, a stall, a non-finite value or a crash ends a run the same way, with
+`status` saying which and the checkpoints that finished kept.
 """
 
 from __future__ import annotations
@@ -18,38 +17,20 @@ from __future__ import annotations
 import contextlib
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runner import guard
+from runner import callbacks
+from runner.callbacks import Callback, Iteration
 from runner.check import Check
 from runner.console import console
 from runner.errors import RunnerError, one_line
 from runner.results import checkpoints
-from runner.results.files import MetricsLog, flatten_numbers, headline, write_json
-from runner.schema import NonFinite, StopConfig
+from runner.results.files import flatten_numbers, headline, write_json
 from runner.shutdown import Watch, signal_name
 from runner.tasks.base import TaskRun
-
-
-def stop_reason(stop: StopConfig, row: dict[str, Any], train_seconds: float) -> str | None:
-    """The first stop criterion met, as text, or None to go on."""
-    ret = row["episode_return_mean"]
-    if stop.episode_return_mean is not None and ret is not None and ret >= stop.episode_return_mean:
-        return f"episode_return_mean {ret:.1f} >= {stop.episode_return_mean:g}"
-    if stop.iterations is not None and row["iteration"] >= stop.iterations:
-        return f"iterations {row['iteration']} >= {stop.iterations}"
-    if stop.env_steps is not None and (row["env_steps"] or 0) >= stop.env_steps:
-        return f"env_steps {row['env_steps']:.0f} >= {stop.env_steps}"
-    if stop.seconds is not None and train_seconds >= stop.seconds:
-        return f"seconds {train_seconds:.0f} >= {stop.seconds:g}"
-    return None
-
-
-def _fmt(value: Any, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
 
 
 def carry_last_return(row: dict[str, Any], previous: dict[str, Any] | None) -> None:
@@ -62,29 +43,6 @@ def carry_last_return(row: dict[str, Any], previous: dict[str, Any] | None) -> N
         row["return_age"] = previous["return_age"] + 1
     else:
         row["last_episode_return_mean"], row["return_age"] = None, None
-
-
-def _return_text(row: dict[str, Any]) -> str:
-    text = f"{_fmt(row['last_episode_return_mean'], '.2f'):>8}"
-    return f"{text} ({row['return_age']} it ago)" if row["return_age"] else text
-
-
-def print_row(row: dict[str, Any]) -> None:
-    """One line per iteration (the last known return mean, with its age when it is not
-    this iteration's); a multi-agent run adds each policy's return mean."""
-    per_policy = row["module_episode_returns_mean"] or {}
-    evaluated = row["eval_return_mean"]
-    console.print(
-        f"iter {row['iteration']:>4} | env steps {_fmt(row['env_steps'], ',.0f'):>10} | "
-        f"return mean {_return_text(row)} | "
-        + ("" if evaluated is None else f"eval {evaluated:8.2f} | ")
-        + f"{_fmt(row['env_steps_per_s'], ',.0f'):>7} steps/s | {row['wall_seconds']:7.1f} s"
-        + (
-            " | " + ", ".join(f"{m} {_fmt(v, '.1f')}" for m, v in sorted(per_policy.items()))
-            if len(per_policy) > 1
-            else ""
-        )
-    )
 
 
 @dataclass
@@ -113,38 +71,6 @@ class Progress:
     @property
     def iteration(self) -> int | None:
         return self.rows[-1]["iteration"] if self.rows else None
-
-
-# Where RLlib's result holds each restarting component's lifetime restart count and
-# its healthy actors now.
-RESTART_COUNTERS = {
-    "env_runners": "fault_tolerance",
-    "evaluation_env_runners": "evaluation",
-}
-
-
-def record_restarts(progress: Progress, result: dict, iteration: int) -> None:
-    """RLlib recreates a dead EnvRunner within a few iterations (and the compile
-    callback compiles the new one): note per component when actors were lost and when
-    they came back."""
-    for component, section in RESTART_COUNTERS.items():
-        stats = result.get(section) or {}
-        if "num_healthy_workers" not in stats:
-            continue
-        healthy = int(stats["num_healthy_workers"])
-        count = int(stats.get("num_remote_worker_restarts") or 0)
-        count_before, healthy_before = progress.actor_counts.get(component, (0, healthy))
-        events = {"lost": healthy_before - healthy, "restarted": count - count_before}
-        progress.actor_counts[component] = (count, healthy)
-        for event, n in events.items():
-            if n > 0:
-                progress.restarts.setdefault(component, []).append(
-                    {"iteration": iteration, event: n}
-                )
-                console.print(
-                    f"iteration {iteration}: {n} of the {component.replace('_', ' ')} {event}"
-                    + (" (RLlib's fault tolerance recreates it)" if event == "lost" else "")
-                )
 
 
 def learners_in_service(algo: Any) -> None:
@@ -176,22 +102,15 @@ def env_runner_nodes(algo: Any) -> list[str]:
 class Training:
     """One Algorithm trained under the run's rules, an iteration per `step`.
 
-    `run.run_dir` None keeps nothing on disk (the exploration bench's copies); `quiet`
-    prints no row; `on_iteration(training, result, reason)` runs after each iteration's
-    own bookkeeping (a Tune trial reports there)."""
+    Its callbacks are those the run's config asks for (`quiet`: no printed row; `run_dir`
+    None: no files), then `extra` (a Tune trial's reporter)."""
 
-    def __init__(
-        self,
-        run: TaskRun,
-        quiet: bool = False,
-        on_iteration: Callable[[Training, dict, str], None] | None = None,
-    ) -> None:
+    def __init__(self, run: TaskRun, quiet: bool = False, extra: Sequence[Callback] = ()) -> None:
         self.run = run
         self.settings = run.settings
         self.quiet = quiet
-        self.on_iteration = on_iteration
         self.progress = Progress(check=Check(run.settings.check))
-        self.metrics = MetricsLog(run.run_dir, run.history) if run.run_dir else None
+        self.callbacks = [*callbacks.for_run(run, quiet), *extra]
         self.algo: Any = None
         self.saved: Path | None = None  # the checkpoint this iteration wrote, if any
         self.iteration_seconds = 0.0  # the last Algorithm.train()'s own seconds
@@ -225,7 +144,14 @@ class Training:
                 self.resumed_row = {"last_episode_return_mean": known, "return_age": 0}
             console.print(f"resumed from {self.run.checkpoint} at iteration {self.algo.iteration}")
         self.train_start = time.perf_counter()
+        for callback in self.callbacks:
+            callback.on_start(self)
         return self.algo
+
+    @property
+    def faulted(self) -> bool:
+        """This iteration's values are not to be kept (a non-finite one stopped the run)."""
+        return self.progress.status == "non_finite"
 
     def step(self, watch: Watch) -> str:
         """One iteration and what follows it; the stop reason, or '' to go on."""
@@ -234,14 +160,13 @@ class Training:
             start = time.perf_counter()
             result = self.algo.train()
             self.iteration_seconds = time.perf_counter() - start
-        self.progress.reason = self._after(result, time.perf_counter() - self.train_start)
-        if self.on_iteration is not None:
-            self.on_iteration(self, result, self.progress.reason)
+        self._after(result, time.perf_counter() - self.train_start)
         return self.progress.reason
 
-    def _after(self, result: dict, seconds: float) -> str:
-        """Record one finished iteration; the stop reason, or '' to go on."""
-        run, settings, progress, algo = self.run, self.settings, self.progress, self.algo
+    def _after(self, result: dict, seconds: float) -> None:
+        """Keep one finished iteration's row, then hand it to each callback; the first
+        reason to stop one gives is the run's."""
+        run, progress, algo = self.run, self.progress, self.algo
         self.saved = None
         row = headline(result, time.perf_counter() - run.start_time)
         carry_last_return(row, progress.rows[-1] if progress.rows else self.resumed_row)
@@ -253,20 +178,6 @@ class Training:
             )
         flat = flatten_numbers({k: v for k, v in result.items() if k != "config"})
         progress.rows.append(row)
-        if self.metrics is not None:
-            self.metrics.write(row, flat)
-        run.tracker.log(row, flat)
-        if not self.quiet:
-            print_row(row)
-        record_restarts(progress, result, row["iteration"])
-        found = guard.non_finite(result) if settings.guard.non_finite != NonFinite.off else {}
-        if found:
-            text = guard.describe(found, row["iteration"])
-            if settings.guard.non_finite == NonFinite.stop:
-                progress.non_finite = found
-                progress.end("non_finite", text)
-                return text  # before any checkpoint: the broken weights are never saved
-            console.print(f"warning: {text} (guard.non_finite=warn: going on)")
         ret, evaluated = row["episode_return_mean"], row["eval_return_mean"]
         if ret is not None and (progress.best is None or ret > progress.best):
             progress.best = ret
@@ -274,26 +185,11 @@ class Training:
             progress.last_eval = evaluated
             best = progress.best_eval
             progress.best_eval = evaluated if best is None else max(best, evaluated)
-        every = settings.checkpoint.every
-        if every and algo.iteration % every == 0:
-            self.save_checkpoint()
-        record = settings.record
-        if record.every and algo.iteration % record.every == 0 and run.run_dir:
-            from runner import video
-
-            video.record(
-                algo.config,
-                algo.env_runner.get_state(),
-                run.run_dir / "videos",
-                record.episodes,
-                record.explore,
-                f"iter_{algo.iteration:06d}",
-            )
-        return (
-            progress.check.update(flat, row["env_steps"] or 0, seconds)
-            or stop_reason(settings.stop, row, seconds)
-            or ""
-        )
+        it = Iteration(result, row, flat, seconds)
+        for callback in self.callbacks:
+            reason = callback.on_iteration(self, it)
+            if reason and not progress.reason:
+                progress.reason = reason
 
     def save_checkpoint(self) -> Path | None:
         """A checkpoint with its manifest, then the older ones beyond checkpoint.keep
@@ -321,11 +217,8 @@ class Training:
         )
         keep = self.settings.checkpoint
         checkpoints.prune(run_dir, keep.keep, keep.keep_best, self.run.scratch)
-        if self.run.mirror is not None:
-            try:
-                self.run.mirror.push()
-            except RunnerError as ex:  # what is not there yet goes with the next copy
-                console.print(f"warning: {ex} (copied again after the next checkpoint)")
+        for callback in self.callbacks:
+            callback.on_checkpoint(self, self.saved)
         return self.saved
 
     def interrupted(self, watch: Watch) -> None:
@@ -383,9 +276,17 @@ class Training:
         algo.stop()
         return reports
 
-    def close(self) -> None:
-        if self.metrics is not None:
-            self.metrics.close()
+    def end(self, outcome: dict[str, Any]) -> None:
+        """Each callback's on_end, all of them even when one fails (the first error is
+        raised after)."""
+        error: Exception | None = None
+        for callback in self.callbacks:
+            try:
+                callback.on_end(self, outcome)
+            except Exception as ex:
+                error = error or ex
+        if error is not None:
+            raise error
 
 
 def _abort(run: TaskRun, progress: Progress) -> Callable[[int], None]:
@@ -420,12 +321,11 @@ def watch_for(training: Training) -> Watch:
     )
 
 
-def train(
-    run: TaskRun, on_iteration: Callable[[Training, dict, str], None] | None = None
-) -> dict[str, Any]:
+def train(run: TaskRun, extra: Sequence[Callback] = ()) -> dict[str, Any]:
     """Train until a stop criterion holds, a signal, a stall, a non-finite value or a
-    crash; return the run's figures (`progress` and `compile_reports` among them)."""
-    training = Training(run, on_iteration=on_iteration)
+    crash; return the run's figures (`progress` and `compile_reports` among them), which
+    each callback's on_end gets first."""
+    training = Training(run, extra=extra)
     progress = training.progress
     nodes: list[str] = []
     reports: list[dict[str, Any]] = []
@@ -446,8 +346,6 @@ def train(
         except Exception as ex:  # a crash: the summary says so, the traceback goes on up
             progress.error = ex
             progress.end("failed", one_line(ex))
-        finally:
-            training.close()
         try:
             reports = training.finish()
         except Exception as ex:  # e.g. a full disk while writing the final checkpoint
@@ -458,7 +356,7 @@ def train(
     steps_this_run = sum(r["env_steps_this_iter"] or 0 for r in rows)
     last = rows[-1] if rows else {}
     run_dir = run.run_dir
-    return {
+    outcome = {
         "status": progress.status,
         "stop_reason": progress.reason,
         "signal": signal_name(progress.signum) if progress.signum else None,
@@ -485,3 +383,5 @@ def train(
         "env_runner_nodes": nodes,
         "progress": progress,
     }
+    training.end(outcome)
+    return outcome

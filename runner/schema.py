@@ -460,6 +460,8 @@ class RunnerConfig:
     shutdown: ShutdownConfig = field(default_factory=ShutdownConfig)
     guard: GuardConfig = field(default_factory=GuardConfig)
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
+    # The user's own run callbacks (runner/callbacks.py), each a `_target_` mapping.
+    callbacks: list[dict[str, Any]] = field(default_factory=list)
     # Set only by the reproduction files in conf/experiment/.
     reproduction: ReproductionConfig | None = None
     tuned: TunedConfig | None = None

@@ -113,6 +113,28 @@ def check_run(settings: RunnerConfig) -> None:
             "or file:///absolute/path (a local run dir needs no setting)"
         )
     check_loggers(settings.logger)
+    check_callbacks(settings.callbacks)
+
+
+def check_callbacks(nodes: list[dict]) -> None:
+    """Each of the user's callbacks names a runner.callbacks.Callback and keywords it takes."""
+    from runner.callbacks import Callback
+    from runner.user_code import TARGET, check_arguments, locate
+
+    for n, node in enumerate(nodes):
+        where = f"callbacks[{n}]"
+        if TARGET not in node:
+            raise ConfigError(
+                f"{where}: a callback is a mapping with {TARGET}, e.g. "
+                "{_target_: my_pkg.callbacks.MyCallback, keyword: value}"
+            )
+        target = locate(str(node[TARGET]), f"{where}.{TARGET}")
+        if not (isinstance(target, type) and issubclass(target, Callback)):
+            raise ConfigError(
+                f"{where}: {node[TARGET]} is not a subclass of runner.callbacks.Callback: "
+                "subclass it and define the hooks you need (docs/bring_your_own.md)"
+            )
+        check_arguments(target, {k: v for k, v in node.items() if k != TARGET}, where)
 
 
 def check_loggers(logger: LoggerConfig) -> None:

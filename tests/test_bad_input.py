@@ -16,6 +16,14 @@ CASES = {
         ["+stop.iteratons=3"],
         "unknown config key 'stop.iteratons' (did you mean iterations?): no setting reads it",
     ),
+    "a callback that is no Callback": (
+        ["callbacks=[{_target_:collections.OrderedDict}]"],
+        "callbacks[0]: collections.OrderedDict is not a subclass of runner.callbacks.Callback",
+    ),
+    "a callback's unknown keyword": (
+        ["callbacks=[{_target_:runner.callbacks.StopCriteria,every:2}]"],
+        "callbacks[0].every: StopCriteria() takes no 'every'",
+    ),
     "misspelled top-level key added": (["+seeed=3"], "'seeed' (did you mean seed?)"),
     "a task's key added to another task": (
         ["+task.num_samples=3"],

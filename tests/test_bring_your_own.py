@@ -59,6 +59,26 @@ def test_module_env_id_and_a_connector_on_a_remote_env_runner(tmp_path: Path):
 
 
 @pytest.mark.slow
+def test_a_run_callback_of_the_users_stops_the_run_and_writes_its_file(tmp_path: Path):
+    """`callbacks:` appends the package's Plateau to the run's callbacks: it sees each
+    iteration, its reason ends the run (as a stop criterion would, the final checkpoint
+    kept), and its on_end writes its file into the run dir."""
+    result = run_with_package(
+        tmp_path,
+        *TINY,
+        "stop.iterations=5",
+        "callbacks=[{_target_:my_rl_pkg.callbacks.Plateau,patience:1,min_delta:1000}]",
+    )
+    assert result.returncode == 0, result.stderr
+    summary = result.json("summary.json")
+    assert summary["iterations"] == 2 and summary["status"] == "finished"
+    assert summary["stop_reason"].startswith("plateau: no gain over ")
+    assert summary["checkpoint"].endswith("iter_000002")
+    assert result.json("plateau.json")["at_iteration"] == 1
+    assert "done (plateau: no gain over" in result.stdout
+
+
+@pytest.mark.slow
 def test_example_package_from_a_user_config_dir_with_compile(tmp_path: Path):
     """The example's experiment file, from its own config dir: its env class by path, its
     RLModule compiled on the EnvRunner and the Learner, and its callback class and

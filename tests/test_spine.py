@@ -70,8 +70,8 @@ LAYERS = [
         "tasks.base",
         "results",
     },
-    # the one loop, the one settings check, the ONNX export
-    {"loop", "validate", "onnx_export"},
+    # the one loop and what watches it, the one settings check, the ONNX export
+    {"loop", "callbacks", "validate", "onnx_export"},
     # tasks
     {
         "tasks",
@@ -99,9 +99,19 @@ def _modules() -> dict[str, Path]:
 
 
 def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
-    """The runner modules `path` imports, at the top or inside a function."""
+    """The runner modules `path` imports, at the top or inside a function (not those
+    imported for type hints only, under `if TYPE_CHECKING`: they run nothing)."""
+    tree = ast.parse(path.read_text())
+    hints_only = {
+        id(inner)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for inner in ast.walk(node)
+    }
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(tree):
+        if id(node) in hints_only:
+            continue
         names = []
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names = [f"{node.module}.{a.name}" for a in node.names] + [node.module]

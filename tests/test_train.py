@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 from conftest import TINY
 
-from runner.loop import carry_last_return, print_row
+from runner.callbacks import print_row
+from runner.loop import carry_last_return
 
 
 def test_experiment_values_override_the_root_config():

@@ -17,9 +17,7 @@ def mypy(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     """`python -m mypy` with the project's config, its cache under the pytest tmp dir's
     parent (not the checkout)."""
     command = [sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml")]
-    return subprocess.run(
-        [*command, *args], cwd=cwd, capture_output=True, text=True, timeout=600
-    )
+    return subprocess.run([*command, *args], cwd=cwd, capture_output=True, text=True, timeout=600)
 
 
 def test_runner_type_checks_clean(tmp_path: Path):

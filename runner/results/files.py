@@ -176,9 +176,8 @@ def _csv_text(rows: list[dict[str, Any]], columns: list[str], header: bool) -> b
 
 
 class MetricsLog:
-    """metrics.jsonl (one line per iteration, the headline row and RLlib's metrics),
-    progress.csv (a row per iteration, a column per RLlib metric, for pandas) and
-    TensorBoard events (RLlib's names, the env steps sampled so far as the step).
+    """metrics.jsonl (one line per iteration, the headline row and RLlib's metrics) and
+    progress.csv (a row per iteration, a column per RLlib metric, for pandas).
 
     Both files only ever hold whole lines (`append_whole`). progress.csv gets a row
     appended while its columns hold, and is rewritten whole (through a rename) when an
@@ -196,9 +195,6 @@ class MetricsLog:
             self._rows.append(json.loads(line)["metrics"])
         if self._rows:
             self._rewrite_csv()
-        from tensorboardX import SummaryWriter  # here: its import costs every other job
-
-        self._tb = SummaryWriter(logdir=str(run_dir / "tensorboard"), flush_secs=10)
 
     def _append(self, line: str) -> None:
         append_whole(self._fd, (line.rstrip("\n") + "\n").encode(), "metrics.jsonl")
@@ -211,9 +207,6 @@ class MetricsLog:
             append_whole(self._csv_fd, _csv_text([metrics], self._columns, False), "progress.csv")
         else:
             self._rewrite_csv()
-        for name, value in metrics.items():
-            self._tb.add_scalar(name, value, global_step=env_step(row))
-        self._tb.flush()
 
     def _rewrite_csv(self) -> None:
         """progress.csv whole, its columns every metric seen so far (in first-seen order)."""
@@ -228,7 +221,6 @@ class MetricsLog:
         os.close(self._fd)
         if self._csv_fd is not None:
             os.close(self._csv_fd)
-        self._tb.close()
 
 
 def versions() -> dict[str, str]:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from omegaconf import OmegaConf
 
+from runner.callbacks import Callback, Iteration
 from runner.console import console
 from runner.errors import ConfigError, RunnerError
 from runner.results.files import write_json
@@ -37,6 +38,7 @@ if TYPE_CHECKING:  # light at import: the task's heavy modules load when it runs
     from ray.rllib.algorithms.algorithm import Algorithm
 
     from runner.compile.settings import CompileSpec
+    from runner.loop import Training
     from runner.plan import Plan
 
 
@@ -157,7 +159,7 @@ def trial(values: dict[str, Any], settings: RunnerConfig) -> None:
             checkpoint=Path(restore) if restore else None,
             scratch=scratch,
         )
-        figures = loop.train(run, on_iteration=report_to_tune)
+        figures = loop.train(run, extra=[TuneReporter()])
     error = figures["progress"].error
     if error is not None:
         raise error
@@ -174,28 +176,32 @@ def check_verdict(training: Any, reason: str) -> str:
     return "failed" if reason else "pending"
 
 
-def report_to_tune(training: Any, result: dict, reason: str) -> None:
-    """One iteration to Tune: the objective (the last known return mean), the budget's
+class TuneReporter(Callback):
+    """Each iteration to Tune: the objective (the last known return mean), the budget's
     clock, the stop reason and the check's verdict; a checkpoint when the loop saved one,
-    or when the trial ends cleanly (so a resumed search has it whole)."""
-    from ray import tune
+    or when the trial ends cleanly (so a resumed search has it whole). Last among the
+    run's callbacks, so this iteration's stop reason is known."""
 
-    row = training.progress.rows[-1]
-    if reason and training.progress.status == "finished" and training.saved is None:
-        training.save_checkpoint()
-    report = {
-        "env_steps": row["env_steps"] or 0,
-        "return_age": row["return_age"],
-        "env_steps_per_s": row["env_steps_per_s"],
-        "stop_reason": reason,
-        "check": check_verdict(training, reason),
-    }
-    if row["last_episode_return_mean"] is not None:  # ASHA skips a result without it
-        report[METRIC] = row["last_episode_return_mean"]
-    if training.saved is not None:
-        tune.report(report, checkpoint=tune.Checkpoint.from_directory(str(training.saved)))
-    else:
-        tune.report(report)
+    def on_iteration(self, training: Training, it: Iteration) -> str | None:
+        from ray import tune
+
+        row, reason = it.row, training.progress.reason
+        if reason and training.progress.status == "finished" and training.saved is None:
+            training.save_checkpoint()
+        report = {
+            "env_steps": row["env_steps"] or 0,
+            "return_age": row["return_age"],
+            "env_steps_per_s": row["env_steps_per_s"],
+            "stop_reason": reason,
+            "check": check_verdict(training, reason),
+        }
+        if row["last_episode_return_mean"] is not None:  # ASHA skips a result without it
+            report[METRIC] = row["last_episode_return_mean"]
+        if training.saved is not None:
+            tune.report(report, checkpoint=tune.Checkpoint.from_directory(str(training.saved)))
+        else:
+            tune.report(report)
+        return None
 
 
 def _searcher(run: TaskRun, preset: dict[str, Any] | None) -> Any:
