@@ -23,6 +23,7 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 from runner import CONFIG_DIR
+from runner.results.files import SUMMARY
 from runner.schema import RunnerConfig
 
 RESOLVER = "unique_dir"
@@ -142,7 +143,6 @@ def run(overrides: Sequence[str] = (), config_dir: str | None = None) -> dict[st
             stop_ray()
             os.environ.clear()
             os.environ.update(environ)
-    for name in ("summary.json", "bench.json", "eval.json", "policy.json"):
-        if (run_dir / name).is_file():
-            return {**json.loads((run_dir / name).read_text()), "run_dir": str(run_dir)}
+    if (run_dir / SUMMARY).is_file():  # a dry run has none
+        return {**json.loads((run_dir / SUMMARY).read_text()), "run_dir": str(run_dir)}
     return {**totals, "run_dir": str(run_dir)}

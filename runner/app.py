@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from runner.algorithm_config import build_algorithm_config, default_config_for
 from runner.compile.apply import add_to_config
 from runner.compile.settings import CompileSpec
 from runner.console import console
-from runner.errors import ConfigError, PreflightError, RunnerError
+from runner.errors import ConfigError, PreflightError, RunnerError, one_line
 from runner.job import Job
 from runner.plan import Plan, make_plan
 from runner.ray_session import (
@@ -36,9 +37,18 @@ from runner.ray_session import (
     reserve_driver_gpus,
     start_ray,
 )
-from runner.results import checkpoints, remote, tracking
-from runner.results.files import RESULT_FILES, json_safe, versions, write_json
-from runner.resume import OVERRIDES_FILE, SEARCH_DIR, compose_for_resume
+from runner.results import checkpoints, record, remote, tracking
+from runner.results.files import (
+    CONFIG,
+    METRICS,
+    OVERRIDES,
+    PLAN,
+    RESULT_FILES,
+    json_safe,
+    versions,
+    write_json,
+)
+from runner.resume import SEARCH_DIR, compose_for_resume
 from runner.schema import AUTO, RunnerConfig, typed
 from runner.shutdown import Interrupted, install_default
 from runner.tasks.base import Task, TaskRun
@@ -138,7 +148,7 @@ def carried_on(attempt: Path | None) -> tuple[Path | None, list[str]]:
         return None, []
     checkpoint = checkpoints.verified(checkpoint)
     iteration = (checkpoints.manifest(checkpoint) or {}).get("iteration", 0)
-    lines = (attempt / "metrics.jsonl").read_text().splitlines()
+    lines = (attempt / METRICS).read_text().splitlines()
     history = [line for line in lines if json.loads(line)["iteration"] <= iteration]
     console.print(f"continuing the interrupted job from {checkpoint}")
     return checkpoint, history
@@ -157,7 +167,8 @@ def run(job: Job, start_time: float, attempt: Path | None = None) -> dict[str, A
     if source:
         cfg, checkpoint, overrides, choices = compose_for_resume(cfg, job.overrides, *source)
         job = replace(job, cfg=cfg, overrides=overrides, choices={**job.choices, **choices})
-    (run_dir / OVERRIDES_FILE).write_text(yaml.safe_dump(job.overrides))
+    (run_dir / OVERRIDES).write_text(yaml.safe_dump(job.overrides))
+    (run_dir / CONFIG).write_text(OmegaConf.to_yaml(cfg, resolve=True))
 
     settings = typed(cfg)
     address = cluster_address(settings.ray)
@@ -183,7 +194,7 @@ def run(job: Job, start_time: float, attempt: Path | None = None) -> dict[str, A
     plan, config = prepared.plan, prepared.config
     report = preflight.check(settings, config, plan, resources, prepared.warnings, prepared.spec)
     write_json(run_dir / "algorithm_config.json", config.to_dict())
-    write_json(run_dir / "plan.json", {**plan.to_dict(), "preflight": report.to_dict()})
+    write_json(run_dir / PLAN, {**plan.to_dict(), "preflight": report.to_dict()})
     for warning in report.warnings:
         log.warning(warning)
     totals = {"cpus": plan.total_cpus, "gpus": plan.total_gpus}
@@ -204,15 +215,32 @@ def run(job: Job, start_time: float, attempt: Path | None = None) -> dict[str, A
     print_changed(prepared)
     tracker = tracking.start(settings, job) if prepared.task.tracked else tracking.Trackers()
     status = "FAILED"
+    ended: dict[str, Any] = {"status": "failed"}
+    task_run = None
     try:
         task_run = started(prepared, job, tracker, start_time, checkpoint, history, mirror)
         prepared.task.run(task_run)
-        status = "FINISHED"
-    except Interrupted:
-        status = "KILLED"
+        status, ended = "FINISHED", {"status": "finished"}
+    except Interrupted as stop:
+        status, ended = "KILLED", {"status": "interrupted", "stop_reason": str(stop)}
+        raise
+    except BaseException as ex:
+        ended = {"status": "failed", "error": one_line(ex)}
         raise
     finally:
         release_driver_gpus()
+        record.write(
+            run_dir,
+            {
+                "task": prepared.task.name,
+                **ended,
+                "wall_seconds": time.perf_counter() - start_time,
+                "overrides": job.overrides,
+                "choices": job.choices,
+                **provenance(settings, prepared.resources, job.choices),
+                **(task_run.record if task_run is not None else {}),
+            },
+        )
         tracker.finish(run_dir, status)
         if mirror is not None:
             push_at_end(mirror, status)

@@ -27,8 +27,8 @@ from runner.callbacks import Callback, Iteration
 from runner.check import Check
 from runner.console import console
 from runner.errors import RunnerError, one_line
-from runner.results import checkpoints
-from runner.results.files import flatten_numbers, headline, write_json
+from runner.results import checkpoints, record
+from runner.results.files import flatten_numbers, headline
 from runner.shutdown import Watch, signal_name
 from runner.tasks.base import TaskRun
 
@@ -296,11 +296,13 @@ def _abort(run: TaskRun, progress: Progress) -> Callable[[int], None]:
         if run.run_dir is None:
             return
         newest = checkpoints.latest(run.run_dir)
-        write_json(
-            run.run_dir / "summary.json",
+        record.write(
+            run.run_dir,
             {
+                "task": run.settings.task.name,
                 "status": "aborted",
                 "stop_reason": f"aborted by a second {signal_name(signum)}",
+                "wall_seconds": time.perf_counter() - run.start_time,
                 "signal": signal_name(signum),
                 "iterations": progress.iteration,
                 "checkpoint": str(newest or ""),

@@ -31,7 +31,7 @@ from runner import trained
 from runner.console import console
 from runner.envs import make_env, random_rollout
 from runner.errors import ConfigError, RunnerError
-from runner.results.files import versions, write_json
+from runner.results.files import POLICY, versions, write_json
 from runner.schema import RunnerConfig
 from runner.tasks.base import TaskRun
 
@@ -232,27 +232,26 @@ def export(run: TaskRun) -> None:
         raise
     temporary.rename(final)
     shapes = {name: list(sample[name].shape[1:]) for name in outputs}
-    write_json(
-        run_dir / "policy.json",
-        {
-            "onnx": final.name,
-            "module_id": module_id,
-            "module_class": f"{type(module).__module__}.{type(module).__qualname__}",
-            "algo": settings.algo.name,
-            "input": {"name": INPUT, "dtype": "float32", "shape": ["batch", *obs.shape[1:]]},
-            "outputs": [{"name": n, "shape": ["batch", *shapes[n]]} for n in outputs],
-            "observation_space": describe_space(trained.spaces_of(module)[0]),
-            "action_space": describe_space(trained.spaces_of(module)[1]),
-            "action": to_action(module, outputs, config),
-            "env": describe_env(settings, pipeline),
-            "parity": {"max_abs_diff": gaps, "tolerance": task.tolerance},
-            "export_seconds": export_seconds,
-            "checkpoint": str(run.checkpoint.resolve()),
-            "versions": {**versions(), "onnxruntime": ort.__version__},
-        },
-    )
+    described = {
+        "onnx": final.name,
+        "module_id": module_id,
+        "module_class": f"{type(module).__module__}.{type(module).__qualname__}",
+        "algo": settings.algo.name,
+        "input": {"name": INPUT, "dtype": "float32", "shape": ["batch", *obs.shape[1:]]},
+        "outputs": [{"name": n, "shape": ["batch", *shapes[n]]} for n in outputs],
+        "observation_space": describe_space(trained.spaces_of(module)[0]),
+        "action_space": describe_space(trained.spaces_of(module)[1]),
+        "action": to_action(module, outputs, config),
+        "env": describe_env(settings, pipeline),
+        "parity": {"max_abs_diff": gaps, "tolerance": task.tolerance},
+        "export_seconds": export_seconds,
+        "checkpoint": str(run.checkpoint.resolve()),
+        "versions": {**versions(), "onnxruntime": ort.__version__},
+    }
+    write_json(run_dir / POLICY, described)
+    run.record["export"] = described
     console.print(
         f"exported {type(module).__name__} to {final}: max abs diff to torch "
         + ", ".join(f"{g:.2g} at batch {b}" for b, g in gaps.items())
-        + f"; how to use it: {run_dir / 'policy.json'}"
+        + f"; how to use it: {run_dir / POLICY}"
     )

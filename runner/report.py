@@ -29,7 +29,7 @@ from runner import overrides as ov
 from runner.errors import RunnerError, one_line, tool_exit_code
 from runner.machine import is_gpu_of
 from runner.results import plots, remote, seeds
-from runner.results.files import write_csv
+from runner.results.files import OVERRIDES, write_csv
 from runner.sweep import job_row
 
 COLUMNS = (
@@ -255,7 +255,7 @@ def checked_runs(paths: list[Path]) -> list[dict[str, Any]]:
     for root in paths:
         for path in sorted(root.rglob("summary.json")) if root.is_dir() else []:
             row = job_row(path.parent)
-            if row.get("check", {}).get("enabled") and (path.parent / ".hydra").is_dir():
+            if row.get("check", {}).get("enabled") and (path.parent / OVERRIDES).is_file():
                 rows.append(row)
     return rows
 

@@ -19,8 +19,8 @@ from runner import overrides as ov
 from runner.errors import ConfigError
 from runner.results import checkpoints, remote
 from runner.results.checkpoints import CHECKPOINT_FILE, MANIFEST
+from runner.results.files import OVERRIDES
 
-OVERRIDES_FILE = "composed_overrides.yaml"
 # A task=tune run dir's Ray Tune experiment (tuner.pkl marks it whole enough to restore).
 SEARCH_DIR = "tune"
 
@@ -53,7 +53,7 @@ def find_checkpoint(path_text: str, setting: str = "resume") -> tuple[Path, Path
         return path / SEARCH_DIR, path
     if (path / CHECKPOINT_FILE).is_file() or (path / MANIFEST).is_file():
         run_dir = path.parent.parent
-        return checkpoints.verified(path), run_dir if (run_dir / ".hydra").is_dir() else None
+        return checkpoints.verified(path), run_dir if (run_dir / OVERRIDES).is_file() else None
     checkpoint = checkpoints.best(path) if which == BEST else checkpoints.latest(path)
     if checkpoint is None:
         raise ConfigError(
@@ -66,10 +66,9 @@ def find_checkpoint(path_text: str, setting: str = "resume") -> tuple[Path, Path
 
 
 def saved_overrides(run_dir: Path) -> list[str]:
-    for name in (OVERRIDES_FILE, ".hydra/overrides.yaml"):
-        if (run_dir / name).is_file():
-            return yaml.safe_load((run_dir / name).read_text()) or []
-    return []
+    """The overrides a run dir's job was composed from (the runner writes them there)."""
+    path = run_dir / OVERRIDES
+    return (yaml.safe_load(path.read_text()) or []) if path.is_file() else []
 
 
 def compose_with_choices(overrides: list[str]) -> tuple[DictConfig, dict[str, Any]]:

@@ -23,8 +23,8 @@ from omegaconf import DictConfig, OmegaConf
 from runner import overrides as ov
 from runner.errors import RunnerError, tool_exit_code
 from runner.results import plots, remote, seeds
-from runner.results.files import write_csv
-from runner.results.jobs import read_job
+from runner.results.files import BENCH, OVERRIDES, SUMMARY, write_csv
+from runner.results.jobs import JOB_FILE, read_job
 
 COLUMNS = (
     "job",
@@ -45,7 +45,7 @@ FIGURES = ("final_episode_return_mean", "env_steps_per_s", "wall_seconds")
 
 
 def _overrides(job_dir: Path) -> list[str]:
-    path = job_dir / ".hydra" / "overrides.yaml"
+    path = job_dir / OVERRIDES
     return yaml.safe_load(path.read_text()) or [] if path.is_file() else []
 
 
@@ -81,7 +81,7 @@ def job_row(job_dir: Path) -> dict[str, Any]:
         "_overrides": overrides,
         "_dir": job_dir,
     }
-    summary = _read_json(job_dir / "summary.json")
+    summary = _read_json(job_dir / SUMMARY)
     if summary:
         comp = summary.get("compile") or {}
         row["final_episode_return_mean"] = summary.get("final_episode_return_mean")
@@ -96,7 +96,7 @@ def job_row(job_dir: Path) -> dict[str, Any]:
             if comp.get("requested")
             else "off"
         )
-    bench = _read_json(job_dir / "bench.json")
+    bench = _read_json(job_dir / BENCH)
     if bench.get("task") == "exploration_bench":
         row["env_steps_per_s"] = bench.get("compiled_env_steps_per_s")
         row["speedup"] = bench.get("speedup")
@@ -125,8 +125,12 @@ def _add_speedups(rows: list[dict[str, Any]]) -> None:
 
 
 def job_dirs(sweep_dir: Path) -> list[Path]:
-    """The sweep's job dirs (those Hydra wrote a .hydra/ into), in job-number order."""
-    dirs = [p.parent.parent for p in sweep_dir.glob("*/.hydra/overrides.yaml")]
+    """The sweep's job dirs (those a job recorded itself in), in job-number order."""
+    dirs = [
+        p
+        for p in sweep_dir.iterdir()
+        if p.is_dir() and ((p / JOB_FILE).is_file() or (p / OVERRIDES).is_file())
+    ]
     return sorted(dirs, key=lambda p: (int(p.name) if p.name.isdigit() else 1 << 30, p.name))
 
 
@@ -134,7 +138,7 @@ def summarize(sweep_dir: Path) -> list[dict[str, Any]]:
     """Write summary.csv, summary.md and the plots into `sweep_dir`; return the rows."""
     dirs = job_dirs(sweep_dir)
     if not dirs:
-        raise RunnerError(f"sweep: no job dirs (*/.hydra/) under '{sweep_dir}'")
+        raise RunnerError(f"sweep: no job dirs (*/{JOB_FILE}) under '{sweep_dir}'")
     rows = [job_row(d) for d in dirs]
     _add_speedups(rows)
     speedups = {k for r in rows for k in r if k.startswith("speedup_b")}

@@ -135,7 +135,8 @@ def test_a_pettingzoo_game_trains_per_agent_and_shared_and_evaluates(tmp_path: P
     shared = runner.run([*game, "algo=dqn", "env.policies=shared", "hydra.run.dir=shared"])
     assert set(shared["final_module_episode_returns_mean"]) == {"shared"}
     evaluated = runner.run(["task=evaluate", "checkpoint=per_agent", "task.episodes=2"])
-    assert evaluated["episodes"] == 2 and evaluated["episode_return_mean"] < 0  # MPE: costs
+    found = evaluated["evaluate"]  # the run record's section of task=evaluate
+    assert found["episodes"] == 2 and found["episode_return_mean"] < 0  # MPE: costs
 
 
 def test_minigrid_trains_with_its_wrappers_from_yaml_alone(tmp_path: Path, monkeypatch):

@@ -18,11 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from runner.errors import RunnerError
-from runner.results.files import versions, write_json
+from runner.results.files import CHECKPOINTS, versions, write_json
 
 CHECKPOINT_FILE = "rllib_checkpoint.json"  # RLlib's own marker
 MANIFEST = "manifest.json"  # ours, written last
-CHECKPOINTS = "checkpoints"
 # What ranks a run's checkpoints for checkpoint.keep_best and `:best`: the return of the
 # evaluation during training (eval.every), else the training return mean.
 EVALUATION, TRAINING = "evaluation", "training"

@@ -23,15 +23,20 @@ from typing import Any
 
 import numpy as np
 
+# The files a run dir holds, named once here.
+SUMMARY = "summary.json"  # the run record (runner/results/record.py), every task
+CONFIG = "config.yaml"  # the config the job ran with, resolved, as the runner composed it
+OVERRIDES = "composed_overrides.yaml"  # the overrides it was composed from (resume's input)
+PLAN = "plan.json"
+METRICS = "metrics.jsonl"
+PROGRESS = "progress.csv"
+CHECKPOINTS = "checkpoints"
+EVAL = "eval.json"
+BENCH = "bench.json"
+POLICY = "policy.json"
+ONNX = "policy.onnx"
 # Files that mark a run dir as holding results: never written into twice.
-RESULT_FILES = (
-    "metrics.jsonl",
-    "summary.json",
-    "checkpoints",
-    "bench.json",
-    "eval.json",
-    "policy.onnx",
-)
+RESULT_FILES = (METRICS, SUMMARY, CHECKPOINTS, BENCH, EVAL, ONNX)
 
 # The headline figures of one iteration, taken from RLlib's result dict.
 HEADLINE = {
@@ -185,8 +190,8 @@ class MetricsLog:
     episode's end)."""
 
     def __init__(self, run_dir: Path, history: Sequence[str] = ()) -> None:
-        self._fd = os.open(run_dir / "metrics.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-        self._csv = run_dir / "progress.csv"
+        self._fd = os.open(run_dir / METRICS, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        self._csv = run_dir / PROGRESS
         self._csv_fd: int | None = None
         self._rows: list[dict[str, float]] = []
         self._columns: list[str] = []

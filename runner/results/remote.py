@@ -23,7 +23,8 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from runner.errors import ConfigError, RunnerError, one_line
-from runner.results.checkpoints import CHECKPOINTS, MANIFEST
+from runner.results.checkpoints import MANIFEST
+from runner.results.files import CHECKPOINTS
 
 # Object stores make an object visible only once it is whole, and have no dirs; elsewhere a
 # file is written under a temporary name in its dir, then moved into place.

@@ -140,10 +140,9 @@ def run(run: TaskRun) -> None:
     section = auto.choose(settings, run.config, list(task.components), refresh=True)
     print_table(section)
     table = rows(section)
-    write_json(
-        run.files / "autotune.json",
-        {"task": "autotune", "env": settings.env.name, **section, **run.provenance},
-    )
+    result = {"task": "autotune", "env": settings.env.name, **section}
+    write_json(run.files / "autotune.json", result)
+    run.record["autotune"] = result
     write_csv(run.files / "autotune.csv", table, COLUMNS)
     presets = list(dict.fromkeys(r["preset"] for r in table if r["preset"] != "eager"))
     columns = {}

@@ -50,6 +50,9 @@ class TaskRun:
     # Ray Tune copies a trial's dir while the trial runs (a file that vanished mid-copy
     # fails Tune's sync), so a trial writes them beside its dir, never in it.
     scratch: Path | None = None
+    # The task's part of the run record (summary.json, runner/results/record.py): the job
+    # writes it, with what every record holds, however the task ends.
+    record: dict[str, Any] = field(default_factory=dict)
 
     @property
     def files(self) -> Path:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from runner.console import console, progress
 from runner.errors import ConfigError
-from runner.results.files import versions, write_csv, write_json
+from runner.results.files import EVAL, versions, write_csv, write_json
 from runner.schema import RunnerConfig, TaskSettings
 from runner.tasks.base import Task, TaskRun, own_settings
 
@@ -220,21 +220,20 @@ def run(run: TaskRun) -> None:
     write_csv(run_dir / "episodes.csv", rows, EPISODE_COLUMNS)
     found = figures(rows)
     rllib = result.get("env_runners", {}).get("episode_return_mean")
-    write_json(
-        run_dir / "eval.json",
-        {
-            **found,
-            "explore": task.explore,
-            "seed": settings.seed,
-            "checkpoint": str(run.checkpoint.resolve()),
-            "env": settings.env.name,
-            "algo": settings.algo.name,
-            "rllib_episode_return_mean": rllib,
-            "seconds": seconds,
-            "videos": videos,
-            "versions": versions(),
-        },
-    )
+    evaluated = {
+        **found,
+        "explore": task.explore,
+        "seed": settings.seed,
+        "checkpoint": str(run.checkpoint.resolve()),
+        "env": settings.env.name,
+        "algo": settings.algo.name,
+        "rllib_episode_return_mean": rllib,
+        "seconds": seconds,
+        "videos": videos,
+        "versions": versions(),
+    }
+    write_json(run_dir / EVAL, evaluated)
+    run.record["evaluate"] = evaluated
     console.print(
         f"evaluated {found['episodes']} episodes ({'sampled' if task.explore else 'greedy'}) "
         f"of {settings.env.name}: return {found['episode_return_mean']:.2f} "

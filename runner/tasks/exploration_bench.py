@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from runner.console import console
 from runner.errors import ConfigError, RunnerError
 from runner.results import plots
-from runner.results.files import write_csv, write_json
+from runner.results.files import BENCH, write_csv, write_json
 from runner.schema import RecordConfig, RunnerConfig, StopConfig, TaskSettings
 from runner.shutdown import Interrupted
 from runner.tasks.base import Task, TaskRun, own_settings
@@ -175,9 +175,9 @@ def run(run: TaskRun) -> None:
         **figures(rows),
         "compile": compile_section,
         "rows": rows,
-        **run.provenance,
     }
-    write_json(run.files / "bench.json", result)
+    write_json(run.files / BENCH, result)
+    run.record["exploration_bench"] = result
     write_csv(run.files / "bench.csv", rows)
     title = f"{settings.env.name} {settings.algo.name}: {spec.preset} EnvRunners vs eager"
     plots.exploration_bench(run.files / "bench.png", rows, COPIES, title)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, cast
 from runner.console import console, progress
 from runner.errors import ConfigError
 from runner.results import plots
-from runner.results.files import write_csv, write_json
+from runner.results.files import BENCH, write_csv, write_json
 from runner.schema import Accelerator, RunnerConfig, TaskSettings
 from runner.tasks.base import Task, TaskRun, own_settings
 
@@ -267,9 +267,9 @@ def run(run: TaskRun) -> None:
         # cudagraphs backend then copies every weight into its graphs on each replay.
         "parameters_as_graph_inputs": torch._dynamo.config.inline_inbuilt_nn_modules,
         "rows": rows,
-        **run.provenance,
     }
-    write_json(run.files / "bench.json", result)
+    write_json(run.files / BENCH, result)
+    run.record["inference_bench"] = result
     write_csv(run.files / "bench.csv", rows)
     title = f"{settings.env.name}: {spec.preset} vs eager, torch {torch.__version__}"
     plots.inference_bench(run.files / "bench.png", rows, title)

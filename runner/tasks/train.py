@@ -1,5 +1,5 @@
 """task=train: build the Algorithm, train it with the one loop (runner/loop.py) until a
-stop criterion, and write summary.json with the compile section and where it ran.
+stop criterion; its figures, the compile section and where it ran go into the run record.
 
 With compile on the EnvRunners, every iteration (after the weight sync) replays each
 compiled module's last input through compiled and eager code: `compile_max_abs_diff`.
@@ -52,13 +52,12 @@ def draw_learning_curve(run: TaskRun, progress: Any) -> None:
 
 
 def run(run: TaskRun) -> None:
-    """Train, then summary.json with the compile section and where it ran; then the exit
+    """Train, then the run record's figures with the compile section and where it ran; then the exit
     the outcome calls for (a signal's 128 + n, 1 for a stall, a non-finite value or a
     missed check, the crash itself)."""
     from runner import loop
     from runner.compile import report as compile_report
     from runner.console import console
-    from runner.results.files import write_json
 
     figures = loop.train(run)
     progress: loop.Progress = figures.pop("progress")
@@ -72,9 +71,8 @@ def run(run: TaskRun) -> None:
         "compile": compile_section,
         # The GPU each EnvRunner and Learner ran on (a machine may hold several models).
         "gpus_used": compile_report.gpus_used(reports),
-        **run.provenance,
     }
-    write_json(run.files / "summary.json", summary)
+    run.record.update(summary)  # summary.json: the job writes it, whatever is raised below
     draw_learning_curve(run, progress)
     console.print(
         f"{'done' if progress.status == 'finished' else 'stopped'} "

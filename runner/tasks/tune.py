@@ -28,7 +28,7 @@ from omegaconf import OmegaConf
 from runner.callbacks import Callback, Iteration
 from runner.console import console
 from runner.errors import ConfigError, RunnerError
-from runner.results.files import write_json
+from runner.results.files import CONFIG
 from runner.schema import RunnerConfig, TaskSettings
 from runner.shutdown import HANDLED, Interrupted, in_main_thread, install_default
 from runner.tasks.base import Task, TaskRun, own_settings
@@ -105,7 +105,7 @@ FIXED_WHEN_RESUMED = ("task", "search", "stop")
 
 def same_as_begun(settings: RunnerConfig, run_dir: Path) -> None:
     """A resumed search runs with the settings it began with: refuse a change to them."""
-    saved = run_dir / ".hydra" / "config.yaml"
+    saved = run_dir / CONFIG
     if not saved.is_file():
         return
     began = OmegaConf.to_container(OmegaConf.load(saved), resolve=True)
@@ -381,15 +381,7 @@ def run(run: TaskRun) -> None:
         n for status, n in done.items() if status != trials.NOT_FINISHED
     )
     status = "finished" if unfinished == 0 else "interrupted"
-    write_json(
-        run_dir / "summary.json",
-        {
-            "status": status,
-            "wall_seconds": time.perf_counter() - start,
-            **summary,
-            **run.provenance,
-        },
-    )
+    run.record.update({"status": status, "wall_seconds": time.perf_counter() - start, **summary})
     console.print(trials.describe(summary, run_dir))
     if status == "interrupted":
         raise Interrupted(

@@ -1,0 +1,31 @@
+"""summary.json, the run record: one writer, one schema, every task.
+
+Each job's run dir gets one, however the job ended (finished, failed, interrupted,
+stalled; a second signal's abort writes what it has before the exit). Every record has
+`task`, `status`, `stop_reason`, `error` (one line, or null), `wall_seconds`, what
+composed the job (`overrides`, `choices`) and where it ran (`hardware`, `versions`,
+...: app.provenance); then the task's own part: task=train its figures at the top level
+(iterations, env_steps, returns, checkpoints, check, compile, ...), task=tune the
+search's, any other task a section named after it holding its result. The schema, key
+by key: docs/architecture.md ("The run record").
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from runner.results.files import SUMMARY, write_json
+
+# The keys every record has, whatever the task.
+COMMON = ("task", "status", "stop_reason", "error", "wall_seconds")
+
+
+def write(run_dir: Path, record: dict[str, Any]) -> dict[str, Any]:
+    """summary.json from `record` (the common keys defaulted), written whole (atomically)."""
+    whole = {"stop_reason": "", "error": None, **record}
+    missing = [k for k in COMMON if k not in whole]
+    if missing:
+        raise ValueError(f"a run record without {', '.join(missing)}")  # the runner's own bug
+    write_json(run_dir / SUMMARY, whole)
+    return whole
