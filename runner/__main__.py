@@ -26,7 +26,7 @@ from hydra.types import RunMode  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from runner import CONFIG_DIR  # noqa: E402
-from runner.api import register_configs  # noqa: E402
+from runner.api import composed, register_configs  # noqa: E402
 from runner.errors import RunnerError, one_line  # noqa: E402
 from runner.job import Job  # noqa: E402
 from runner.overrides import with_checkpoint_alias  # noqa: E402
@@ -60,6 +60,7 @@ def _app(cfg: DictConfig) -> None:
         choices=OmegaConf.to_container(hydra_cfg.runtime.choices),  # type: ignore[arg-type]  # a dict node
         sweep_dir=Path(hydra_cfg.sweep.dir) if in_sweep else None,
         number=hydra_cfg.job.num if in_sweep else None,
+        compose=composed,  # Hydra's compose API, inside the app Hydra set up
     )
     # Hydra's basic launcher runs a sweep's jobs one after another in this process: a job
     # leaves its Ray to the next (started again only for other ray.* settings) unless it

@@ -17,10 +17,11 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from runner import CONFIG_DIR
 from runner.results.files import SUMMARY
@@ -70,19 +71,29 @@ def _hydra() -> Iterator[None]:
         yield
 
 
-def _composed(overrides: list[str]) -> tuple[Any, dict[str, Any]]:
+def composed(overrides: list[str]) -> tuple[DictConfig, dict[str, Any]]:
     """The composed config and its group choices; a composition error (a typo'd option
     or key, a wrong type) as the runner's ConfigError, in the CLI's one line."""
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
     from runner.errors import ConfigError, one_line
-    from runner.resume import compose_with_choices
 
     try:
         return compose_with_choices(overrides)
     except (HydraException, OmegaConfBaseException) as ex:
         raise ConfigError(one_line(ex)) from ex
+
+
+def compose_with_choices(overrides: list[str]) -> tuple[DictConfig, dict[str, Any]]:
+    """The config `overrides` compose (through the Hydra instance the entry point set up:
+    its config dirs), and the group choices it was composed from: the one call of Hydra's
+    compose API, for both entry points (a Job's `compose`)."""
+    cfg = hydra_compose(config_name="config", overrides=overrides, return_hydra_config=True)
+    choices = OmegaConf.to_container(cfg.hydra.runtime.choices)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return cfg, choices  # type: ignore[return-value]  # a DictConfig and a dict node's container
 
 
 def _with_config_dir(overrides: list[str], config_dir: str | None) -> list[str]:
@@ -99,7 +110,7 @@ def compose(overrides: Sequence[str] = (), config_dir: str | None = None) -> Run
     from runner.schema import typed
 
     with _hydra():
-        cfg, _ = _composed(_with_config_dir(list(overrides), config_dir))
+        cfg, _ = composed(_with_config_dir(list(overrides), config_dir))
         settings = typed(cfg)
     placement.resolve(settings, machine.local_resources(settings.ray))
     return settings
@@ -135,8 +146,8 @@ def run(overrides: Sequence[str] = (), config_dir: str | None = None) -> dict[st
     overrides = _with_config_dir(rest, config_dir)  # kept with the run: resume takes it again
     environ = dict(os.environ)  # ray.init sets its auth token here, stale once Ray stops
     with _hydra():
-        cfg, choices = _composed(overrides)
-        job = Job(cfg, run_dir, overrides, choices)
+        cfg, choices = composed(overrides)
+        job = Job(cfg, run_dir, overrides, choices, compose=composed)
         try:
             totals = app.run(job, start)
         finally:

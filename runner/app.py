@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -25,7 +26,7 @@ from runner.algorithm_config import build_algorithm_config, default_config_for
 from runner.compile.apply import add_to_config
 from runner.compile.settings import CompileSpec
 from runner.console import console
-from runner.errors import ConfigError, PreflightError, RunnerError, one_line
+from runner.errors import ConfigError, PreflightError, RunEnded, RunnerError, one_line
 from runner.job import Job
 from runner.plan import Plan, make_plan
 from runner.ray_session import (
@@ -50,7 +51,7 @@ from runner.results.files import (
 )
 from runner.resume import SEARCH_DIR, compose_for_resume
 from runner.schema import AUTO, RunnerConfig, typed
-from runner.shutdown import Interrupted, install_default
+from runner.shutdown import Interrupted, Watch, install_default, signal_name
 from runner.tasks.base import Task, TaskRun
 from runner.validate import validate
 
@@ -165,7 +166,11 @@ def run(job: Job, start_time: float, attempt: Path | None = None) -> dict[str, A
     checkpoint, history = carried_on(attempt)
     source = tasks.get(job.choices["task"]).checkpoint_source(cfg)
     if source:
-        cfg, checkpoint, overrides, choices = compose_for_resume(cfg, job.overrides, *source)
+        if job.compose is None:
+            raise ConfigError(f"{source[1]}={source[0]}: this job cannot compose another config")
+        cfg, checkpoint, overrides, choices = compose_for_resume(
+            cfg, job.overrides, *source, job.compose
+        )
         job = replace(job, cfg=cfg, overrides=overrides, choices={**job.choices, **choices})
     (run_dir / OVERRIDES).write_text(yaml.safe_dump(job.overrides))
     (run_dir / CONFIG).write_text(OmegaConf.to_yaml(cfg, resolve=True))
@@ -219,7 +224,7 @@ def run(job: Job, start_time: float, attempt: Path | None = None) -> dict[str, A
     task_run = None
     try:
         task_run = started(prepared, job, tracker, start_time, checkpoint, history, mirror)
-        prepared.task.run(task_run)
+        supervised(prepared.task, task_run)
         status, ended = "FINISHED", {"status": "finished"}
     except Interrupted as stop:
         status, ended = "KILLED", {"status": "interrupted", "stop_reason": str(stop)}
@@ -245,6 +250,53 @@ def run(job: Job, start_time: float, attempt: Path | None = None) -> dict[str, A
         if mirror is not None:
             push_at_end(mirror, status)
     return totals
+
+
+def supervised(task: Task, run: TaskRun) -> None:
+    """Run the task under the watch a training gets. A task that trains has it from the
+    loop (runner/loop.py) or, a search, from Ray Tune; any other (evaluate, export, the
+    inference bench, autotune) is watched here as one step: a signal lets it finish for
+    shutdown.grace_seconds, then abandons it (a second aborts, the record written first);
+    the watchdog ends it after watchdog.seconds (else watchdog.first_iteration_seconds)
+    with what Ray waits for, as a stalled training iteration."""
+    if task.trains:
+        task.run(run)
+        return
+    settings = run.settings
+
+    def abort(signum: int) -> None:
+        record.write(
+            run.files,
+            {
+                "task": task.name,
+                "status": "aborted",
+                "stop_reason": f"aborted by a second {signal_name(signum)}",
+                "wall_seconds": time.perf_counter() - run.start_time,
+                **run.provenance,
+                **run.record,
+            },
+        )
+
+    watch = Watch(settings.shutdown.grace_seconds, settings.watchdog, abort)
+    with watch:
+        try:
+            with watch.build():
+                task.run(run)
+        except KeyboardInterrupt:
+            if watch.cause == "stalled":
+                from runner.ray_session import waiting_for
+
+                reason = (
+                    f"stalled: task={task.name} did not finish within {watch.stall_seconds:g} s "
+                    f"(watchdog.seconds); {waiting_for()}"
+                )
+                run.record.update(status="stalled", stop_reason=reason)
+                raise RunEnded(reason) from None
+            signum = watch.signum or signal.SIGINT
+            abandoned = " (abandoned after shutdown.grace_seconds)" if watch.cause else ""
+            raise Interrupted(signum, f"interrupted by {signal_name(signum)}{abandoned}") from None
+    if watch.signum is not None:  # it finished within the grace: its files are whole
+        raise Interrupted(watch.signum)
 
 
 def push_at_end(mirror: remote.Mirror, status: str) -> None:
@@ -297,4 +349,5 @@ def started(
         tracker=tracker,
         choices=job.choices,
         mirror=mirror,
+        compose=job.compose,
     )

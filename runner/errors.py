@@ -30,6 +30,12 @@ class ConfigError(RunnerError):
     """The composed config is invalid (caught before Ray starts)."""
 
 
+class RunEnded(RunnerError):
+    """A run stopped on a stall or a non-finite value: exit code 1 (its record says why)."""
+
+    exit_code = 1
+
+
 class PreflightError(RunnerError):
     """The plan asks for resources that are not there (caught before any actor starts)."""
 

@@ -4,11 +4,17 @@ reads this, never Hydra's global state, so the runner works the same from both."
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
+
+# The entry point's composition: overrides -> (composed config, group choices). The core
+# asks it for another config (resume= composes the earlier run's overrides again; a
+# search's best trial is written against its groups' config) and never calls Hydra.
+Composer = Callable[[list[str]], tuple[DictConfig, dict[str, Any]]]
 
 
 @dataclass
@@ -20,6 +26,7 @@ class Job:
     choices: dict[str, Any] = field(default_factory=dict)
     sweep_dir: Path | None = None  # in a `-m` sweep
     number: int | None = None  # the job's number in its sweep
+    compose: Composer | None = None  # None: a job that composes nothing more (a test's)
 
     @property
     def display_name(self) -> str:

@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from hydra import compose
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig
 
 from runner import overrides as ov
 from runner.errors import ConfigError
+from runner.job import Composer
 from runner.results import checkpoints, remote
 from runner.results.checkpoints import CHECKPOINT_FILE, MANIFEST
 from runner.results.files import OVERRIDES
@@ -71,25 +71,20 @@ def saved_overrides(run_dir: Path) -> list[str]:
     return (yaml.safe_load(path.read_text()) or []) if path.is_file() else []
 
 
-def compose_with_choices(overrides: list[str]) -> tuple[DictConfig, dict[str, Any]]:
-    """The config `overrides` compose (through the Hydra instance the entry point set up:
-    its config dirs), and the group choices it was composed from."""
-    cfg = compose(config_name="config", overrides=overrides, return_hydra_config=True)
-    choices = OmegaConf.to_container(cfg.hydra.runtime.choices)
-    with open_dict(cfg):
-        del cfg["hydra"]
-    return cfg, choices  # type: ignore[return-value]  # a DictConfig and a dict node's container
-
-
 def compose_for_resume(
-    cfg: DictConfig, current: list[str], path_text: str, setting: str = "resume"
+    cfg: DictConfig,
+    current: list[str],
+    path_text: str,
+    setting: str,
+    compose: Composer,
 ) -> tuple[DictConfig, Path, list[str], dict[str, Any]]:
-    """The new run's config (the checkpoint's run's overrides, then `current`), the
-    checkpoint, the overrides it was composed from and its group choices (none when the
-    checkpoint is no run dir of this runner's: the config stays as composed)."""
+    """The new run's config (the checkpoint's run's overrides, then `current`, composed
+    by the entry point's `compose`), the checkpoint, the overrides it was composed from
+    and its group choices (none when the checkpoint is no run dir of this runner's: the
+    config stays as composed)."""
     checkpoint, old_run_dir = find_checkpoint(path_text, setting)
     if old_run_dir is None:
         return cfg, checkpoint, current, {}
     merged = ov.merge(saved_overrides(old_run_dir), current)
-    new_cfg, choices = compose_with_choices(merged)
+    new_cfg, choices = compose(merged)
     return new_cfg, checkpoint, merged, choices

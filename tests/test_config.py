@@ -54,6 +54,26 @@ def test_option_composes_and_builds(group: str, option: str):
     assert plan.count("env_runner") == settings.scaling.num_env_runners
 
 
+ALGOS = sorted(p.stem for p in (Path(CONFIG_DIR) / "algo").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_debug_tiny_shrinks_any_algo_and_the_command_line_still_wins(algo: str):
+    """debug=tiny has a part for every algo (conf/debug/algo/), applied after the algo's
+    own; an override on the command line is applied after it."""
+    assert (Path(CONFIG_DIR) / "debug" / "algo" / f"tiny_{algo}.yaml").is_file()
+    settings, config = built(compose_config(["debug=tiny", f"algo={algo}"]))
+    assert settings.stop.iterations == 1 and settings.stop.episode_return_mean is None
+    assert config.num_envs_per_env_runner == 2
+    if algo in ("dqn", "sac"):
+        assert config.num_steps_sampled_before_learning_starts == 0
+        assert config.min_sample_timesteps_per_iteration == 200
+    else:
+        assert config.train_batch_size_per_learner <= 400
+    again = typed(compose_config(["debug=tiny", f"algo={algo}", "stop.iterations=3"]))
+    assert again.stop.iterations == 3
+
+
 def test_builder_sections_reach_rllib():
     cfg = compose_config(["algo.training.lr=1e-4", "+algo.training.grad_clip=40", "seed=7"])
     config = build_algorithm_config(cfg)

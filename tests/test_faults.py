@@ -510,6 +510,36 @@ def test_stall_stops_with_what_ray_waits_for(tmp_path: Path):
 
 
 @pytest.mark.slow
+def test_a_hung_evaluation_is_ended_by_the_watchdog_with_the_cause_in_its_record(
+    tmp_path: Path,
+):
+    """task=evaluate is watched as a training is: its evaluation EnvRunner's env hangs in
+    its first step (a step of 10 minutes), and the watchdog ends the job within seconds,
+    exit code 1, the stall and what Ray waits for in one line and in summary.json."""
+    trained = run_cli(
+        tmp_path, *TINY, *FAULTY_ENV, "stop.iterations=1", env=WITH_TESTS, run_dir="trained"
+    )
+    assert trained.returncode == 0, trained.stderr
+    hung = run_cli(
+        tmp_path,
+        "task=evaluate",
+        "checkpoint=trained",
+        "task.episodes=2",
+        "+env.env_config.step_seconds=600",
+        "watchdog.seconds=5",
+        env=WITH_TESTS,
+        run_dir="evaluated",
+    )
+    assert hung.returncode == 1, hung.stderr
+    line = hung.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: stalled: task=evaluate did not finish within 5 s"), line
+    summary = hung.json("summary.json")
+    assert (summary["task"], summary["status"]) == ("evaluate", "stalled")
+    assert summary["stop_reason"] == line.removeprefix("error: ")
+    assert hung.seconds < 90
+
+
+@pytest.mark.slow
 def test_sweep_interrupted_in_its_second_job_continues_it(tmp_path: Path):
     """After its dry run, Ctrl-C during job 1: it is recorded as interrupted and the sweep
     stops; the same sweep run again skips job 0 and continues job 1 from its checkpoint.

@@ -94,6 +94,7 @@ WAYS: dict[str, Way] = {
         ("check.threshold=1", *SMALL_BATCH),
         expect="done (check passed: env_runners/episode_return_mean",
     ),
+    "python -m runner debug=tiny algo=dqn": Way(expect="done (iterations 1 >= 1)"),
     # Bring your own (the block's test uninstalls the example package afterwards), and
     # docs/bring_your_own.md
     "pip install -e examples/my_rl_pkg": Way(expect="Successfully installed my-rl-pkg"),

@@ -45,6 +45,7 @@ LAYERS = [
     # results and faults
     {
         "results.checkpoints",
+        "results.record",
         "results.jobs",
         "results.seeds",
         "results.tracking",

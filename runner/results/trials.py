@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from hydra import compose
 from omegaconf import OmegaConf
 
 from runner import search
+from runner.job import Composer
 from runner.results import plots
 from runner.results.files import json_safe, write_atomic, write_csv
 from runner.schema import Distribution, RunnerConfig
@@ -174,12 +174,13 @@ def write_experiment(
     settings: RunnerConfig,
     values: dict[str, Any],
     summary: dict[str, Any],
+    compose: Composer,
 ) -> Path:
     """The best trial as an experiment file: the search's group choices, then every value
     that trial ran with that those groups do not already set (the search's budget, this
     command's overrides, an experiment's settings, the sampled values)."""
     groups = {g: choices[g] for g in GROUPS if choices.get(g)}
-    base = compose(config_name="config", overrides=[f"{g}={c}" for g, c in groups.items()])
+    base, _ = compose([f"{g}={c}" for g, c in groups.items()])
     trial = OmegaConf.structured(search.with_values(settings, values))
     base_data = OmegaConf.to_container(base, resolve=True, enum_to_str=True)
     trial_data = OmegaConf.to_container(trial, resolve=True, enum_to_str=True)

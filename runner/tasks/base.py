@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from omegaconf import DictConfig
 
 from runner.errors import ConfigError
+from runner.job import Composer
 from runner.results.tracking import Trackers
 from runner.schema import RunnerConfig, TaskSettings
 
@@ -53,6 +54,8 @@ class TaskRun:
     # The task's part of the run record (summary.json, runner/results/record.py): the job
     # writes it, with what every record holds, however the task ends.
     record: dict[str, Any] = field(default_factory=dict)
+    # The entry point's composition (runner/job.py), for a task that needs another config.
+    compose: Composer | None = None
 
     @property
     def files(self) -> Path:

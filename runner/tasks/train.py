@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from runner.errors import RunnerError
+from runner.errors import RunEnded
 from runner.schema import RunnerConfig, TaskSettings
 from runner.shutdown import Interrupted
 from runner.tasks.base import Task, TaskRun
@@ -29,12 +29,6 @@ def configure(config: Any, settings: RunnerConfig) -> None:
         from runner import video
 
         video.check_renders(config)
-
-
-class RunEnded(RunnerError):
-    """The run stopped on a stall or a non-finite value: exit code 1 (its summary says why)."""
-
-    exit_code = 1
 
 
 def draw_learning_curve(run: TaskRun, progress: Any) -> None:

@@ -375,7 +375,10 @@ def run(run: TaskRun) -> None:
     summary = trials.write(run_dir, rows, settings.search.space, METRIC, preset)
     best = summary["best"]
     if best:
-        trials.write_experiment(run_dir, run.choices, settings, best["values"], summary)
+        assert run.compose is not None  # app.started passes the entry point's on
+        trials.write_experiment(
+            run_dir, run.choices, settings, best["values"], summary, run.compose
+        )
     done = summary["trials_by_status"]
     unfinished = task.num_samples - sum(
         n for status, n in done.items() if status != trials.NOT_FINISHED
