@@ -43,6 +43,7 @@ import runner.__main__ as entry
 import runner.app, runner.compile.auto, runner.loop, runner.onnx_export, runner.tasks.tune
 import runner.sweep
 import ray._raylet as ray_raylet
+import ray._private.worker as ray_worker
 # A training run draws its learning curve (matplotlib: its import and its font cache); a
 # run's own Ray checks the dashboard's dependencies (aiohttp and more) even without a
 # dashboard.
@@ -79,11 +80,16 @@ def start(job):
                 os.dup2(f, fd)
             sys.argv = ["runner", *job["args"]]
             entry.START = time.perf_counter()  # the run's clock starts now, not at the import
+            # Ray's shutdown was registered at this server's import, before the CLI's own
+            # exit handler (which ends the process): in a new interpreter it comes after
+            # it, and so runs before. Here it is run in that place by hand.
+            atexit.unregister(ray_worker.shutdown)
             try:
                 entry.cli()
             except SystemExit:  # what the interpreter does next at its exit: the threads
                 # joined, the exit handlers run; the CLI's last one ends the process
                 threading._shutdown()  # type: ignore[attr-defined]  # the interpreter's own step
+                ray_worker.shutdown(_exiting_interpreter=True)
                 atexit._run_exitfuncs()
         finally:
             os._exit(code)  # reached only when the child failed before the CLI ran
