@@ -187,6 +187,16 @@ def _multi_agent_replay(config: AlgorithmConfig) -> None:
         call_builder(config, "training", "algo.training", replay)
 
 
+def build_module(config: AlgorithmConfig, env: Any, inference_only: bool = False) -> Any:
+    """The RLModule `config` gives `env`, built as RLlib's actors build it (a MultiRLModule
+    for a multi-agent config; an EnvRunner's, without the training-only parts, with
+    `inference_only`): the one place the driver builds one (the preflight, compile=auto,
+    the inference bench)."""
+    if config.is_multi_agent:
+        return config.get_multi_rl_module_spec(env=env, inference_only=inference_only).build()
+    return config.get_rl_module_spec(env=env, inference_only=inference_only).build()
+
+
 def build_algorithm_config(settings: RunnerConfig, spec: CompileSpec | None) -> AlgorithmConfig:
     """The AlgorithmConfig the typed settings describe, compiling per `spec`. Starts nothing."""
     algo, scaling, env = settings.algo, settings.scaling, settings.env

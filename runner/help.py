@@ -25,12 +25,13 @@ GROUPS = (
     "logger",
     "scale",
     "experiment",
+    "debug",
 )
 # Internal groups: the schema (Hydra's ConfigStore), a compile preset's backend file, the
-# parts scale=local adds by itself, and the tuned hyperparameters the algo and env options
-# pick. Only a group's own *.yaml files are its options, so the folders below a group are
-# never listed; a top-level one named here is skipped too.
-HIDDEN = ("schema", "compile/backend", "scale/task", "scale/experiment", "tuned")
+# parts scale=local and debug=tiny add by themselves, and the tuned hyperparameters the
+# algo and env options pick. Only a group's own *.yaml files are its options, so the
+# folders below a group are never listed; a top-level one named here is skipped too.
+HIDDEN = ("schema", "compile/backend", "scale/task", "scale/experiment", "debug/algo", "tuned")
 TUNED = "tuned_"
 # The README's first screen, one command each (tests/test_help.py checks they match).
 START = (
@@ -115,13 +116,11 @@ def text(config_dir: str) -> str:
         )
     lines += [
         "",
-        "Other keys: stop.*, check.*, checkpoint.*, record.*, seed, ray.*, dry_run=true (plan, run",
-        "nothing), resume=<run dir>, checkpoint=<run dir> (task=evaluate, export): the README's",
-        '"Config groups" names them all. A group file of your own: --config-dir DIR, first.',
+        "Other keys (the README's Config groups): stop.*, check.*, checkpoint.*, record.*,",
+        "seed, ray.*, callbacks, dry_run=true, resume=<run dir>; group files: --config-dir DIR.",
         "",
         "To start with (the README's first screen):",
         *(f"  {what.ljust(8)}  {command}" for what, command in START),
-        "",
         "--cfg job prints the composed config and runs nothing; --hydra-help is Hydra's own help.",
     ]
     return "\n".join(lines)  # print() ends it

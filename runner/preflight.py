@@ -274,11 +274,10 @@ def _check_action_space(settings: RunnerConfig, env: Any) -> None:
 def _build_module(env: Any, config: AlgorithmConfig) -> None:
     """The RLModule (a MultiRLModule for a multi-agent env), built once for this env, so a
     custom module's constructor error is one line before any actor starts."""
+    from runner.algorithm_config import build_module
+
     try:
-        if config.is_multi_agent:
-            config.get_multi_rl_module_spec(env=env).build()
-        else:
-            config.get_rl_module_spec(env=env).build()
+        build_module(config, env)
     except Exception as ex:
         problem = f"{type(ex).__name__}: {ex}"
         raise ConfigError(f"algo.rl_module: building the RLModule failed: {problem}") from ex

@@ -24,6 +24,7 @@ VISIBLE = (
     "logger",
     "scale",
     "experiment",
+    "debug",
 )
 
 
@@ -48,6 +49,7 @@ def test_visible_groups_in_order_with_their_defaults():
     assert "hardware (default: cpu)" in page
     assert "compile (default: none)" in page
     assert "experiment (default: none)" in page
+    assert "debug (default: none)\n  tiny  The smallest run through a path" in page
 
 
 def test_internal_groups_are_absent():

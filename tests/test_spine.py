@@ -13,7 +13,7 @@ from cli_forks import run_many
 from conftest import TINY, compose_config
 
 import runner
-from runner import CONFIG_DIR, envs, video
+from runner import CONFIG_DIR, envs, report, video
 from runner.api import compose, unique_dir
 from runner.app import prepare
 from runner.errors import ConfigError
@@ -225,6 +225,20 @@ def test_unique_dir_suffixes_a_taken_name(tmp_path: Path):
     made = unique_dir(base)
     assert made == f"{base}-2" and Path(made).is_dir()
     assert unique_dir(base) == f"{base}-3"  # each call a new dir, in one process too
+
+
+def test_a_run_from_the_python_api_is_in_the_report(tmp_path: Path, monkeypatch, capsys):
+    """A run started from `runner.run()` writes its own config and overrides (no Hydra
+    files), so the report's verification table takes it as it takes a CLI run."""
+    monkeypatch.chdir(tmp_path)
+    summary = runner.run([*TINY, "stop.iterations=1", "check.threshold=1", "checkpoint.every=0"])
+    run_dir = Path(summary["run_dir"])
+    assert not (run_dir / ".hydra").exists()
+    assert (run_dir / "config.yaml").is_file() and (run_dir / "composed_overrides.yaml").is_file()
+    assert report.main([str(tmp_path / "outputs"), "--out", str(tmp_path / "report")]) == 0
+    assert "1 run(s) with a check, 1 rows" in capsys.readouterr().out
+    table = (tmp_path / "report" / "verification.md").read_text()
+    assert "stop.iterations=1 | 1 | 1/1 |" in table  # its row: 1 seed, passed
 
 
 def test_each_api_run_gets_its_own_run_dir(tmp_path: Path, monkeypatch):

@@ -39,6 +39,7 @@ from ray.rllib.core.columns import Columns
 from ray.rllib.core.rl_module.torch import TorchRLModule
 from torch._dynamo.utils import counters
 
+from runner.algorithm_config import build_module
 from runner.compile.apply import compile_function
 from runner.compile.settings import (
     IDLE,
@@ -217,9 +218,9 @@ def module_and_batch(
     """The component's RLModule, as its actor builds it, and an input batch for it."""
     env = make_env(config)
     try:
-        spec = config.get_rl_module_spec(env=env, inference_only=comp.kind == "env_runners")
-        # RLlib's torch framework builds a TorchRLModule; build() is typed as RLModule.
-        module = cast(TorchRLModule, spec.build()).to(comp.device)
+        # RLlib's torch framework builds a TorchRLModule (single-agent: checked by `check`).
+        built = build_module(config, env, inference_only=comp.kind == "env_runners")
+        module = cast(TorchRLModule, built).to(comp.device)
         data = random_rollout(env, config.seed, comp.batch_size)
     finally:
         env.close()

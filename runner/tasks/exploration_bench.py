@@ -176,6 +176,7 @@ def run(run: TaskRun) -> None:
         "compile": compile_section,
         "rows": rows,
     }
+    result.update(run.provenance)  # bench.json stands alone: the report reads it
     write_json(run.files / BENCH, result)
     run.record["exploration_bench"] = result
     write_csv(run.files / "bench.csv", rows)

@@ -100,14 +100,14 @@ def build_module(config: AlgorithmConfig) -> tuple[TorchRLModule, torch.Tensor]:
     """The EnvRunner's RLModule for this config, and one real observation of its env."""
     import torch._dynamo
 
+    from runner.algorithm_config import build_module
     from runner.envs import make_env
 
     env = make_env(config)
     try:
         obs, _ = env.reset(seed=config.seed)
-        # RLlib's torch framework builds a TorchRLModule; build() is typed as RLModule.
-        spec = config.get_rl_module_spec(env=env, inference_only=True)
-        module = cast("TorchRLModule", spec.build()).eval()
+        # RLlib's torch framework builds a TorchRLModule (single-agent: checked by `check`).
+        module = cast("TorchRLModule", build_module(config, env, inference_only=True)).eval()
     finally:
         env.close()
     return module, torch.as_tensor(obs)
@@ -268,6 +268,7 @@ def run(run: TaskRun) -> None:
         "parameters_as_graph_inputs": torch._dynamo.config.inline_inbuilt_nn_modules,
         "rows": rows,
     }
+    result.update(run.provenance)  # bench.json stands alone: the report reads it
     write_json(run.files / BENCH, result)
     run.record["inference_bench"] = result
     write_csv(run.files / "bench.csv", rows)
