@@ -133,14 +133,15 @@ def trial(values: dict[str, Any], settings: RunnerConfig) -> None:
     at the end, so an interrupted search continues the trial."""
     from ray import tune
 
-    from runner import loop, search
+    from runner import loop, search, tasks
     from runner.algorithm_config import build_algorithm_config
-    from runner.compile.settings import resolve
     from runner.ray_session import import_py_modules_here
+    from runner.validate import validate
 
     settings = search.with_values(settings, values)
     import_py_modules_here(settings.ray.runtime_env)
-    spec, _ = resolve(settings.compile)
+    # The trial's settings checked as a training run's are (the sampled values included).
+    spec, _ = validate(settings, tasks.get("train"))
     config = build_algorithm_config(settings, spec)
     trial_dir = Path(tune.get_context().get_trial_dir())
     # The trial's working dir: on the trial dir's disk, and no sync copies it.
