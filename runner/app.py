@@ -171,6 +171,8 @@ def run(job: Job, start_time: float, attempt: Path | None = None) -> dict[str, A
         cfg, checkpoint, overrides, choices = compose_for_resume(
             cfg, job.overrides, *source, job.compose
         )
+        if source[1] == "checkpoint":  # located (pulled from a URI) once: the task reads it
+            cfg.task.checkpoint = str(checkpoint)
         job = replace(job, cfg=cfg, overrides=overrides, choices={**job.choices, **choices})
     (run_dir / OVERRIDES).write_text(yaml.safe_dump(job.overrides))
     (run_dir / CONFIG).write_text(OmegaConf.to_yaml(cfg, resolve=True))
