@@ -151,17 +151,16 @@ def _fail(message: str, code: int = 2) -> None:
 
 
 def _refuse_used_run_dir(argv: list[str]) -> None:
-    """Hydra writes .hydra/ before the task runs: refuse a run dir that holds results first."""
-    from runner.results.jobs import RESULT_FILES
+    """Hydra writes .hydra/ before the task runs: refuse a run dir that holds results first
+    (the job checks its run dir again, as a run from the Python API gets none of this)."""
+    from runner.results.files import refuse_used
 
     for arg in argv:
         if arg.startswith("hydra.run.dir="):
-            run_dir = Path(arg.split("=", 1)[1])
-            if any((run_dir / name).exists() for name in RESULT_FILES):
-                _fail(
-                    f"run dir '{run_dir}' already holds a run's results; choose a new "
-                    f"hydra.run.dir, or continue that run with resume={run_dir}"
-                )
+            try:
+                refuse_used(Path(arg.split("=", 1)[1]))
+            except RunnerError as ex:
+                _fail(str(ex))
 
 
 def main() -> None:

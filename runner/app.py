@@ -44,8 +44,8 @@ from runner.results.files import (
     METRICS,
     OVERRIDES,
     PLAN,
-    RESULT_FILES,
     json_safe,
+    refuse_used,
     versions,
     write_json,
 )
@@ -161,8 +161,7 @@ def run(job: Job, start_time: float, attempt: Path | None = None) -> dict[str, A
     continue. Returns the plan's CPU and GPU totals, for a sweep job's record."""
     cfg, run_dir = job.cfg, job.run_dir
     quiet_ray(cfg.ray.log_level)
-    if any((run_dir / name).exists() for name in RESULT_FILES):
-        raise ConfigError(f"run dir '{run_dir}' already holds a run's results; use a new one")
+    refuse_used(run_dir)
     checkpoint, history = carried_on(attempt)
     source = tasks.get(job.choices["task"]).checkpoint_source(cfg)
     if source:

@@ -38,6 +38,18 @@ ONNX = "policy.onnx"
 # Files that mark a run dir as holding results: never written into twice.
 RESULT_FILES = (METRICS, SUMMARY, CHECKPOINTS, BENCH, EVAL, ONNX)
 
+
+def refuse_used(run_dir: Path) -> None:
+    """A run dir holding a run's results is never written into again: one line naming it."""
+    from runner.errors import ConfigError
+
+    if any((run_dir / name).exists() for name in RESULT_FILES):
+        raise ConfigError(
+            f"run dir '{run_dir}' already holds a run's results; choose a new hydra.run.dir, "
+            f"or continue that run with resume={run_dir}"
+        )
+
+
 # The headline figures of one iteration, taken from RLlib's result dict.
 HEADLINE = {
     "episode_return_mean": ("env_runners", "episode_return_mean"),
