@@ -1,13 +1,19 @@
-"""Bad input: one line naming the problem and the fix, a non-zero exit within seconds,
-no traceback, and nothing written outside the run's own new dir. Each case is a real CLI
-process forked after one shared import (tests/cli_forks.py)."""
+"""Bad input: one line naming the problem and the fix, within seconds, and nothing
+written outside the run's own new dir. Each case runs the job as `runner.run()` does, in
+this process (the runner's error, its one line as the CLI prints it); the CLI's own
+part (exit code 2, the line on stderr, no traceback) is a real `python -m runner`."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
-from cli_forks import Forked, run_each
+
+import runner
+from runner.errors import RunnerError, one_line
 
 CASES = {
     "misspelled key": (["scaling.num_env_runnrs=1"], "did you mean num_env_runners"),
@@ -230,32 +236,37 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="module")
-def refusals(tmp_path_factory) -> dict[str, tuple[Path, Forked]]:
-    """Every case as its own CLI run in an empty dir of its own, forked from the process
-    that imported the runner once for the test session (tests/cli_forks.py)."""
-    dirs = [tmp_path_factory.mktemp("bad_input") for _ in CASES]
-    results = run_each(
-        [
-            (cwd, [*CASES[name][0], "hydra.run.dir=run"])
-            for name, cwd in zip(CASES, dirs, strict=True)
-        ]
-    )
-    return {name: (cwd, r) for name, cwd, r in zip(CASES, dirs, results, strict=True)}
-
-
 @pytest.mark.parametrize("name", CASES)
-def test_bad_input_fails_fast_in_one_line(refusals, name):
-    cwd, result = refusals[name]
-    expected = CASES[name][1]
-    assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("error: ") and expected in lines[0], lines[0]
-    assert "Traceback" not in result.stdout + result.stderr
-    assert result.seconds < 10, f"took {result.seconds:.1f} s after the imports"
-    run_dir = cwd / "run"
-    assert set(cwd.iterdir()) <= {run_dir}
+def test_bad_input_fails_fast_in_one_line(name: str, tmp_path: Path, monkeypatch):
+    overrides, expected = CASES[name]
+    monkeypatch.chdir(tmp_path)
+    start = time.perf_counter()
+    with pytest.raises(RunnerError) as refused:
+        runner.run([*overrides, "hydra.run.dir=run"])
+    seconds = time.perf_counter() - start
+    line = one_line(refused.value)
+    assert "\n" not in line and expected in line, line
+    assert seconds < 10, f"took {seconds:.1f} s"
+    run_dir = tmp_path / "run"
+    assert set(tmp_path.iterdir()) <= {run_dir}
     if run_dir.exists():
         assert not (run_dir / "checkpoints").exists()
         assert not (run_dir / "metrics.jsonl").exists()
+
+
+def test_the_cli_prints_the_one_line_and_exits_2(tmp_path: Path):
+    """The CLI's part, in a process of its own: `error: <the line>` on stderr, nothing
+    else, exit code 2, within seconds of the start."""
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "runner", "scaling.num_env_runnrs=1", "hydra.run.dir=run"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("error: unknown config key") and "did you mean" in line, line
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert time.perf_counter() - start < 30
