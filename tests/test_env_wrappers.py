@@ -139,6 +139,7 @@ def test_a_pettingzoo_game_trains_per_agent_and_shared_and_evaluates(tmp_path: P
     assert found["episodes"] == 2 and found["episode_return_mean"] < 0  # MPE: costs
 
 
+@pytest.mark.slow  # it trains
 def test_minigrid_trains_with_its_wrappers_from_yaml_alone(tmp_path: Path, monkeypatch):
     """examples/minigrid: MiniGrid's dict observation, made a float vector by the env file's
     wrappers, reaches the RLModule the run trains (and fails to build without them)."""

@@ -227,6 +227,7 @@ def test_unique_dir_suffixes_a_taken_name(tmp_path: Path):
     assert unique_dir(base) == f"{base}-3"  # each call a new dir, in one process too
 
 
+@pytest.mark.slow  # it trains
 def test_a_run_from_the_python_api_is_in_the_report(tmp_path: Path, monkeypatch, capsys):
     """A run started from `runner.run()` writes its own config and overrides (no Hydra
     files), so the report's verification table takes it as it takes a CLI run."""
