@@ -14,9 +14,11 @@ from conftest import compose_config, prepared
 from readme import commands
 from test_readme import as_user_dir, run_block
 
+import runner
 from runner import CONFIG_DIR, docs, published, report
 from runner.algorithm_config import build_algorithm_config
 from runner.compile.settings import ipex_problem
+from runner.errors import RunnerError, one_line
 from runner.machine import Resources
 from runner.preflight import check
 from runner.tasks.exploration_bench import eager_twin
@@ -109,31 +111,31 @@ def test_experiment_plans_and_preflights_on_a_cpu_machine(name: str):
     assert local.settings.hardware.name == "cpu" and local.plan.total_gpus == 0
 
 
-def test_gpu_reproduction_refuses_in_one_line(cli):
-    result = cli("experiment=headline_a100_21n", timeout=60)
-    assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: hardware=a100 expects an NVIDIA A100")
-    assert "scale=local" in lines[0]
-    assert result.seconds < 30
+def test_gpu_reproduction_refuses_in_one_line(tmp_path: Path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(RunnerError) as refused:
+        runner.run(["experiment=headline_a100_21n"])
+    line = one_line(refused.value)
+    assert line.startswith("hardware=a100 expects an NVIDIA A100") and "scale=local" in line
 
 
-def test_exploration_dry_run_plans_both_copies(cli):
-    result = cli("experiment=exploration_onnxrt_default", "dry_run=true", timeout=60)
-    assert result.returncode == 0, result.stderr
-    plan = result.json("plan.json")
+def test_exploration_dry_run_plans_both_copies(tmp_path: Path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    result = runner.run(["experiment=exploration_onnxrt_default", "dry_run=true"])
+    plan = json.loads((Path(result["run_dir"]) / "plan.json").read_text())
     assert plan["total"] == {"cpus": 129.0, "gpus": 2.0}
     assert not plan["preflight"]["ok"]
-    assert "preflight would fail: hardware=gpu expects an NVIDIA GPU" in result.stdout
+    assert "preflight would fail: hardware=gpu expects an NVIDIA GPU" in capsys.readouterr().out
 
 
-def test_exploration_bench_needs_compiled_env_runners(cli):
-    result = cli("task=exploration_bench", timeout=60)
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [
-        "error: task=exploration_bench compares compiled with eager EnvRunners: pick a compile "
+def test_exploration_bench_needs_compiled_env_runners(tmp_path: Path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(RunnerError) as refused:
+        runner.run(["task=exploration_bench"])
+    assert one_line(refused.value) == (
+        "task=exploration_bench compares compiled with eager EnvRunners: pick a compile "
         "preset and keep compile.env_runners=true, e.g. compile=inductor_default"
-    ]
+    )
 
 
 @pytest.fixture(scope="module")
