@@ -235,21 +235,28 @@ def run(job: Job, start_time: float, attempt: Path | None = None) -> dict[str, A
         raise
     finally:
         release_driver_gpus()
-        record.write(
-            run_dir,
-            {
-                "task": prepared.task.name,
-                **ended,
-                "wall_seconds": time.perf_counter() - start_time,
-                "overrides": job.overrides,
-                "choices": job.choices,
-                **provenance(settings, prepared.resources, job.choices),
-                **(task_run.record if task_run is not None else {}),
-            },
-        )
+        unwritten = None
+        try:
+            record.write(
+                run_dir,
+                {
+                    "task": prepared.task.name,
+                    **ended,
+                    "wall_seconds": time.perf_counter() - start_time,
+                    "overrides": job.overrides,
+                    "choices": job.choices,
+                    **provenance(settings, prepared.resources, job.choices),
+                    **(task_run.record if task_run is not None else {}),
+                },
+            )
+        except OSError as ex:  # a full disk: the task's own error, if any, stays the one shown
+            unwritten = RunnerError(f"the run record could not be written in {run_dir}: {ex}")
+            log.warning(str(unwritten))
         tracker.finish(run_dir, status)
         if mirror is not None:
             push_at_end(mirror, status)
+        if unwritten is not None and status == "FINISHED":
+            raise unwritten  # no success without its record
     return totals
 
 

@@ -729,3 +729,25 @@ def test_a_checkpoint_that_fails_to_write_leaves_the_earlier_ones(tmp_path):
     else:
         raise AssertionError("the failed save was not reported")
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["iter_000001"]
+
+
+@pytest.mark.slow
+def test_a_run_record_the_full_disk_refused_is_no_success(tmp_path: Path, monkeypatch):
+    """summary.json is written after the task: where the disk refuses it (an OSError, as a
+    full disk raises), a finished run fails on that, in one line; the checkpoints and
+    metrics it wrote stay."""
+    import errno
+
+    import runner
+    from runner.results import record
+
+    def full_disk(run_dir: Path, fields: dict) -> dict:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(record, "write", full_disk)
+    with pytest.raises(RunnerError, match="the run record could not be written in run: "):
+        runner.run(["debug=tiny", "checkpoint.at_end=true", "hydra.run.dir=run"])
+    assert checkpoints.latest(tmp_path / "run") is not None
+    assert (tmp_path / "run" / "metrics.jsonl").read_text().count("\n") == 1
+    assert not (tmp_path / "run" / "summary.json").exists()
