@@ -4,9 +4,13 @@ remote EnvRunner: tests/test_faults.py, whose runs are interrupted and resumed.)
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from conftest import TINY
 
+import runner
 from runner.callbacks import print_row
 from runner.loop import carry_last_return
 
@@ -19,16 +23,17 @@ def test_experiment_values_override_the_root_config():
     assert compose_config(["experiment=tuned_sac_pendulum"]).stop.seconds is None
 
 
-def test_dry_run_of_a_gpu_profile_on_this_machine(cli):
-    result = cli("hardware=a100", "compile=inductor_ro", "scaling.num_learners=2", "dry_run=true")
-    assert result.returncode == 0, result.stderr
-    config = result.json("algorithm_config.json")
+def test_dry_run_of_a_gpu_profile_on_this_machine(tmp_path: Path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    overrides = ["hardware=a100", "compile=inductor_ro", "scaling.num_learners=2"]
+    run_dir = Path(runner.run([*overrides, "dry_run=true"])["run_dir"])
+    config = json.loads((run_dir / "algorithm_config.json").read_text())
     assert (config["num_learners"], config["num_gpus_per_learner"]) == (2, 1)
-    plan = result.json("plan.json")
+    plan = json.loads((run_dir / "plan.json").read_text())
     assert plan["total"]["gpus"] == 2
     assert plan["preflight"]["ok"] is False
-    assert not (result.run_dir / "metrics.jsonl").exists()
-    assert "resource plan" in result.stdout
+    assert not (run_dir / "metrics.jsonl").exists()
+    assert "resource plan" in capsys.readouterr().out
 
 
 def test_iterations_without_an_episode_carry_the_last_known_return(capsys):
