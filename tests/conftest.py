@@ -1,4 +1,5 @@
-"""Shared helpers: Hydra's compose API over conf/, and the CLI run in a forked child (cli_forks)."""
+"""Shared helpers: Hydra's compose API over conf/, and the CLI called in this process
+(tests/cli_call.py)."""
 
 from __future__ import annotations
 
@@ -7,20 +8,31 @@ import fcntl
 import json
 import os
 import tempfile
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import cli_forks
-import pytest
-import shared_ray
-from hydra import compose, initialize_config_dir
-from omegaconf import DictConfig
+# Ray reads its auth mode once, when it is first imported: this process joins the shared
+# Ray (tests/shared_ray.py) with its token, and every Ray a run starts here takes the same
+# token, so the runs called in this process may join one and start another.
+os.environ.setdefault("RAY_AUTH_MODE", "token")
+os.environ.setdefault("RAY_AUTH_TOKEN", uuid.uuid4().hex)
 
-from runner import CONFIG_DIR
-from runner.api import register_configs
-from runner.app import Prepared, prepare
-from runner.schema import typed
+import cli_call  # noqa: E402
+import pytest  # noqa: E402
+
+# setuptools before anything imports the standard library's distutils: inductor's C++
+# builder imports setuptools, whose distutils shim refuses to load after the other.
+import setuptools  # noqa: E402, F401
+import shared_ray  # noqa: E402
+from hydra import compose, initialize_config_dir  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
+
+from runner import CONFIG_DIR  # noqa: E402
+from runner.api import register_configs  # noqa: E402
+from runner.app import Prepared, prepare  # noqa: E402
+from runner.schema import typed  # noqa: E402
 
 register_configs()
 
@@ -136,7 +148,7 @@ class CliResult:
 def cli_env(own_ray: bool = False, extra: dict[str, str] | None = None) -> dict[str, str]:
     """A CLI run's environment: this one, joining the test process's shared Ray
     (tests/shared_ray.py) unless `own_ray`, then `extra`."""
-    env = {k: v for k, v in os.environ.items() if k not in shared_ray.KEYS}
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     return {**env, **({} if own_ray else shared_ray.env()), **(extra or {})}
 
 
@@ -148,12 +160,11 @@ def run_cli(
     env: dict[str, str] | None = None,
     own_ray: bool = False,
 ) -> CliResult:
-    """`python -m runner` in `cwd` (so the installed package is used), run dir under cwd;
-    `env` adds to the environment. It joins the shared Ray unless `own_ray`. The CLI's
-    entry point runs in a child forked from one process that imported it once
-    (tests/cli_forks.py); `seconds` count from the fork."""
+    """`python -m runner` in `cwd`, run dir under cwd; `env` adds to the environment. It
+    joins the shared Ray unless `own_ray`. The CLI's entry point runs in this process
+    (tests/cli_call.py)."""
     args = [*overrides, f"hydra.run.dir={run_dir}"]
-    proc = cli_forks.server().run(cwd, args, cli_env(own_ray, env), timeout)
+    proc = cli_call.call(cwd, args, cli_env(own_ray, env), timeout)
     return CliResult(proc.returncode, proc.stdout, proc.stderr, proc.seconds, cwd / run_dir)
 
 

@@ -55,7 +55,7 @@ class SharedRay:
         self.port = 0
         self.dashboard = dashboard
         self.dashboard_port = 0
-        self.token = uuid.uuid4().hex
+        self.token = os.environ.get("RAY_AUTH_TOKEN") or uuid.uuid4().hex
         atexit.register(self.stop)
 
     def env(self) -> dict[str, str]:

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import cli_forks
+import cli_call
 import pytest
 import ray
 from conftest import TINY, cli_env, run_cli
@@ -44,13 +44,12 @@ NAN_AT_250 = (
 
 
 class Cli:
-    """`python -m runner`, forked from the test session's fork server (tests/cli_forks.py:
-    the CLI's entry point in a process that imported it once), with a Ray of its own (the
-    processes it leaves behind are its descendants) unless not `own_ray`; its output read
-    line by line as it comes."""
+    """`python -m runner` as a process of its own (tests/cli_call.py: the signal's
+    target), with a Ray of its own (the processes it leaves behind are its descendants)
+    unless not `own_ray`; its output read line by line as it comes."""
 
     def __init__(self, cwd: Path, *args: str, own_ray: bool = True) -> None:
-        self.run = cli_forks.server().start(cwd, list(args), cli_env(own_ray, WITH_TESTS))
+        self.run = cli_call.start(cwd, list(args), cli_env(own_ray, WITH_TESTS))
         self.pid = self.run.pid
         self.lines: list[str] = []
         self.processes: list[int] = []  # everything it started, when `until` matched
@@ -573,7 +572,7 @@ def test_sweep_interrupted_in_its_second_job_continues_it(tmp_path: Path):
     assert stopped_at < 4
 
     interrupted = code
-    again = run_cli(tmp_path, *args)  # on the shared Ray: the CLI forked (tests/cli_forks.py)
+    again = run_cli(tmp_path, *args)  # on the shared Ray: the CLI called in this process
     assert again.returncode == 0, again.stderr
     said = again.stdout + again.stderr
     assert "job 0: finished in an earlier run of this sweep, skipped" in said

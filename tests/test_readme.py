@@ -26,7 +26,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import cli_forks
+import cli_call
 import pytest
 from conftest import TINY as TINY_RUN
 from conftest import TINY_BATCH, cli_env
@@ -512,8 +512,8 @@ def run_block(commands_in_block: list[str], cwd: Path) -> dict[str, str]:
         line = " ".join([command, *way.extra])
         at = ROOT if way.in_repo else cwd
         if RUNNER_COMMAND.match(line) and not SHELL_SYNTAX & set(line):
-            # The CLI's own entry point, forked after one shared import (tests/cli_forks.py).
-            proc = cli_forks.server().run(at, shlex.split(line)[3:], env, timeout=600)
+            # The CLI's own entry point, called in this process (tests/cli_call.py).
+            proc = cli_call.call(at, shlex.split(line)[3:], env, timeout=600)
         else:
             proc = subprocess.run(
                 ["bash", "-c", line], cwd=at, env=env, capture_output=True, text=True, timeout=600

@@ -8,9 +8,8 @@ import json
 from pathlib import Path
 
 import pytest
-import shared_ray
-from cli_forks import run_many
-from conftest import TINY, compose_config
+from cli_call import start_many
+from conftest import TINY, cli_env, compose_config
 
 import runner
 from runner import CONFIG_DIR, envs, report, video
@@ -258,7 +257,7 @@ def test_two_sweeps_launched_at_once_get_their_own_sweep_dirs(tmp_path: Path):
     assert "dir: ${unique_dir:outputs/multirun/" in (Path(CONFIG_DIR) / "config.yaml").read_text()
     same = "hydra.sweep.dir=${unique_dir:outputs/multirun/same-second}"
     sweeps = [["-m", "dry_run=true", f"seed={a},{b}", same] for a, b in ((1, 2), (3, 4))]
-    results = run_many([(tmp_path, args) for args in sweeps], forks=2, env=shared_ray.env())
+    results = start_many([(tmp_path, args) for args in sweeps], cli_env())
     assert [r.returncode for r in results] == [0, 0], [r.stderr[-2000:] for r in results]
     dirs = sorted((tmp_path / "outputs" / "multirun").iterdir())
     assert [d.name for d in dirs] == ["same-second", "same-second-2"]
@@ -283,9 +282,8 @@ def test_four_runs_started_at_once_get_four_run_dirs(tmp_path: Path):
         "scaling.num_env_runners=0",
         "hydra.run.dir=${unique_dir:outputs/runs/same-second}",
     ]
-    # Four forks at once of one process that imported the runner (tests/cli_forks.py),
-    # on the shared Ray.
-    results = run_many([(tmp_path, args)] * 4, forks=4, env=shared_ray.env())
+    # Four processes at once, on the shared Ray.
+    results = start_many([(tmp_path, args)] * 4, cli_env())
     assert [r.returncode for r in results] == [0] * 4, [r.stderr[-2000:] for r in results]
     dirs = sorted((tmp_path / "outputs" / "runs").iterdir())
     assert [d.name for d in dirs] == ["same-second", *(f"same-second-{n}" for n in (2, 3, 4))]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +20,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
-from cli_forks import run_each
+from cli_call import call
 from conftest import TINY, run_cli
 from ray.rllib.algorithms.dqn import DQNConfig
 from ray.rllib.core.columns import Columns
@@ -254,7 +255,8 @@ def test_bad_input_for_trained_policies(cartpole: Path, exotic: Path, tmp_path: 
         if not any(a.startswith("checkpoint=") for a in args):
             args.append(f"checkpoint={cartpole}")
         runs.append((cwd, [*args, "hydra.run.dir=run"]))
-    results = run_each(runs, env=WITH_TESTS)
+    env = {**os.environ, **WITH_TESTS}
+    results = [call(cwd, args, env, timeout=120) for cwd, args in runs]
     for (name, (_, expected)), (cwd, _), result in zip(cases.items(), runs, results, strict=True):
         lines = result.stderr.strip().splitlines()
         assert result.returncode == 2, (name, result.stderr[-2000:])
