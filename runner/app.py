@@ -273,17 +273,8 @@ def supervised(task: Task, run: TaskRun) -> None:
     settings = run.settings
 
     def abort(signum: int) -> None:
-        record.write(
-            run.files,
-            {
-                "task": task.name,
-                "status": "aborted",
-                "stop_reason": f"aborted by a second {signal_name(signum)}",
-                "wall_seconds": time.perf_counter() - run.start_time,
-                **run.provenance,
-                **run.record,
-            },
-        )
+        wall_seconds = time.perf_counter() - run.start_time
+        record.aborted(run.files, task.name, signum, wall_seconds, {**run.provenance, **run.record})
 
     watch = Watch(settings.shutdown.grace_seconds, settings.watchdog, abort)
     with watch:

@@ -191,6 +191,16 @@ class Training:
             if reason and not progress.reason:
                 progress.reason = reason
 
+    @property
+    def objective(self) -> float | None:
+        """What ranks a run's moments, defined once (a checkpoint's score, a search's
+        metric): the newest evaluation return where the run evaluates (eval.every), else
+        the last known training return mean."""
+        if checkpoints.ranked_by(self.settings.eval.every) == checkpoints.EVALUATION:
+            return self.progress.last_eval
+        rows = self.progress.rows
+        return rows[-1]["last_episode_return_mean"] if rows else None
+
     def save_checkpoint(self) -> Path | None:
         """A checkpoint with its manifest, then the older ones beyond checkpoint.keep
         pruned; none for a run that keeps nothing on disk."""
@@ -198,7 +208,6 @@ class Training:
         if run_dir is None or not self.progress.rows:
             return None
         row, progress = self.progress.rows[-1], self.progress
-        ranked_by = checkpoints.ranked_by(self.settings.eval.every)
         self.saved = checkpoints.save(
             self.algo,
             run_dir,
@@ -207,10 +216,8 @@ class Training:
                 "env_steps": row["env_steps"],
                 "episode_return_mean": row["last_episode_return_mean"],
                 "eval_return_mean": progress.last_eval,
-                "ranked_by": ranked_by,
-                "score": progress.last_eval
-                if ranked_by == checkpoints.EVALUATION
-                else row["last_episode_return_mean"],
+                "ranked_by": checkpoints.ranked_by(self.settings.eval.every),
+                "score": self.objective,
             },
             verify=lambda: learners_in_service(self.algo),
             scratch=self.run.scratch,
@@ -296,18 +303,12 @@ def _abort(run: TaskRun, progress: Progress) -> Callable[[int], None]:
         if run.run_dir is None:
             return
         newest = checkpoints.latest(run.run_dir)
-        record.write(
+        record.aborted(
             run.run_dir,
-            {
-                "task": run.settings.task.name,
-                "status": "aborted",
-                "stop_reason": f"aborted by a second {signal_name(signum)}",
-                "wall_seconds": time.perf_counter() - run.start_time,
-                "signal": signal_name(signum),
-                "iterations": progress.iteration,
-                "checkpoint": str(newest or ""),
-                **run.provenance,
-            },
+            run.settings.task.name,
+            signum,
+            time.perf_counter() - run.start_time,
+            {"iterations": progress.iteration, "checkpoint": str(newest or ""), **run.provenance},
         )
 
     return abort

@@ -32,7 +32,7 @@ def cluster():
 
 
 def runner(cwd: Path, *args: str, run_dir: str = "run", env: dict[str, str] | None = None):
-    """The CLI, forked from the tests' import (conftest.run_cli), as a driver of this
+    """The CLI, called in the test process (conftest.run_cli), as a driver of this
     cluster's own: with its auth settings, not the shared Ray's."""
     auth = {k: os.environ[k] for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN") if k in os.environ}
     return run_cli(cwd, *args, run_dir=run_dir, own_ray=True, env={**auth, **(env or {})})

@@ -23,7 +23,7 @@ JOB = [
 
 
 def run_sweep(cwd: Path, *overrides: str, sweep_dir: str = "sweep", **kwargs) -> CliResult:
-    """`python -m runner -m <overrides>` in cwd (forked: conftest.run_cli)."""
+    """`python -m runner -m <overrides>` in cwd (called in this process: conftest.run_cli)."""
     return run_cli(cwd, "-m", *overrides, f"hydra.sweep.dir={sweep_dir}", **kwargs)
 
 

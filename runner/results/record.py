@@ -12,6 +12,7 @@ by key: docs/architecture.md ("The run record").
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -29,3 +30,21 @@ def write(run_dir: Path, record: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"a run record without {', '.join(missing)}")  # the runner's own bug
     write_json(run_dir / SUMMARY, whole)
     return whole
+
+
+def aborted(
+    run_dir: Path, task: str, signum: int, wall_seconds: float, known: dict[str, Any]
+) -> dict[str, Any]:
+    """The record a second signal leaves before the process exits: what is `known`."""
+    name = signal.Signals(signum).name
+    return write(
+        run_dir,
+        {
+            "task": task,
+            "status": "aborted",
+            "stop_reason": f"aborted by a second {name}",
+            "wall_seconds": wall_seconds,
+            "signal": name,
+            **known,
+        },
+    )

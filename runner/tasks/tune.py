@@ -42,7 +42,7 @@ if TYPE_CHECKING:  # light at import: the task's heavy modules load when it runs
     from runner.plan import Plan
 
 
-METRIC, MODE = "episode_return_mean", "max"
+METRIC, MODE = "objective", "max"  # Training.objective (runner/loop.py)
 SEARCHERS = ("optuna", "random")
 
 
@@ -178,7 +178,7 @@ def check_verdict(training: Any, reason: str) -> str:
 
 
 class TuneReporter(Callback):
-    """Each iteration to Tune: the objective (the last known return mean), the budget's
+    """Each iteration to Tune: the run's objective (Training.objective), the budget's
     clock, the stop reason and the check's verdict; a checkpoint when the loop saved one,
     or when the trial ends cleanly (so a resumed search has it whole). Last among the
     run's callbacks, so this iteration's stop reason is known."""
@@ -190,14 +190,15 @@ class TuneReporter(Callback):
         if reason and training.progress.status == "finished" and training.saved is None:
             training.save_checkpoint()
         report = {
+            "episode_return_mean": row["last_episode_return_mean"],
             "env_steps": row["env_steps"] or 0,
             "return_age": row["return_age"],
             "env_steps_per_s": row["env_steps_per_s"],
             "stop_reason": reason,
             "check": check_verdict(training, reason),
         }
-        if row["last_episode_return_mean"] is not None:  # ASHA skips a result without it
-            report[METRIC] = row["last_episode_return_mean"]
+        if training.objective is not None:  # ASHA skips a result without it
+            report[METRIC] = training.objective
         if training.saved is not None:
             tune.report(report, checkpoint=tune.Checkpoint.from_directory(str(training.saved)))
         else:
