@@ -1,5 +1,5 @@
-"""Typed settings -> RLlib AlgorithmConfig, as one function (no Ray, no I/O; a multi-agent
-env is built once to read its agent ids).
+"""Typed settings -> RLlib AlgorithmConfig, as one function (no Ray, no I/O; an env is
+built once to read a multi-agent env's agent ids or an image observation's shape).
 
 Every section is passed through the AlgorithmConfig builder method it is named after, so
 RLlib's own setter checks run. The fixed scaling fields go through explicit
@@ -12,7 +12,8 @@ and objects in those sections are named by import path or `_target_` (runner/use
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Hashable
+import math
+from collections.abc import Callable, Hashable, Mapping
 from functools import cache
 from typing import Any
 
@@ -21,7 +22,13 @@ from ray.rllib.algorithms.registry import ALGORITHMS
 
 from runner.compile.apply import add_to_config
 from runner.compile.settings import CompileSpec
-from runner.envs import environment_kwargs, multi_agent_ids, setting
+from runner.envs import (
+    environment_kwargs,
+    multi_agent_ids,
+    setting,
+    single_agent_observation_space,
+    wraps_atari,
+)
 from runner.errors import ConfigError, did_you_mean
 from runner.schema import EnvConfig, EvalConfig, Policies, RunnerConfig, ScalingConfig
 from runner.user_code import PolicyTable, materialize
@@ -187,14 +194,58 @@ def _multi_agent_replay(config: AlgorithmConfig) -> None:
         call_builder(config, "training", "algo.training", replay)
 
 
-def build_module(config: AlgorithmConfig, env: Any, inference_only: bool = False) -> Any:
+def conv_filters_for(shape: tuple[int, ...]) -> list[list[Any]]:
+    """A conv stack for images of `shape` (h, w, c): RLlib's own where its catalog has one
+    for the size (84x84 Atari, 64x64, ...), else one derived from it, as RLlib's are
+    built ("same" padding): 4x4 kernels of stride 2, 16 channels doubling, until the
+    image is 8 pixels or less a side (at most 4 layers); images of 8 or less get three
+    2x2 layers of stride 1, as MiniGrid's 7x7 grid is encoded in its own examples."""
+    from ray.rllib.models.utils import get_filter_config
+
+    try:
+        return get_filter_config(shape)
+    except ValueError:
+        pass
+    side = min(shape[0], shape[1])
+    if side <= 8:
+        return [[16, [2, 2], 1], [32, [2, 2], 1], [64, [2, 2], 1]]
+    filters: list[list[Any]] = []
+    while side > 8 and len(filters) < 4:
+        filters.append([16 * 2 ** len(filters), [4, 4], 2])
+        side = math.ceil(side / 2)
+    return filters
+
+
+def image_model_defaults(env: EnvConfig, model_config: Mapping[str, Any]) -> dict[str, Any]:
+    """`conv_filters` for an image observation (a 3-D Box) of any size, unless the model
+    config names its own: RLlib's catalog has defaults for a few sizes only and stops
+    the module's build at any other. Atari's frames are 84x84, one of those sizes."""
+    if wraps_atari(env) or env.pettingzoo or model_config.get("conv_filters"):
+        return {}
+    space = single_agent_observation_space(env)
+    shape = getattr(space, "shape", None) or ()
+    if len(shape) != 3:
+        return {}
+    return {"conv_filters": conv_filters_for(shape)}
+
+
+def build_module(
+    config: AlgorithmConfig,
+    env: Any,
+    inference_only: bool = False,
+    spaces: dict[str, Any] | None = None,
+) -> Any:
     """The RLModule `config` gives `env`, built as RLlib's actors build it (a MultiRLModule
     for a multi-agent config; an EnvRunner's, without the training-only parts, with
-    `inference_only`): the one place the driver builds one (the preflight, compile=auto,
-    the inference bench)."""
+    `inference_only`; `spaces` as an EnvRunner's get_spaces() gives them, where its
+    connectors change the observation): the one place the driver builds one (the
+    preflight, compile=auto, the inference bench)."""
     if config.is_multi_agent:
-        return config.get_multi_rl_module_spec(env=env, inference_only=inference_only).build()
-    return config.get_rl_module_spec(env=env, inference_only=inference_only).build()
+        spec = config.get_multi_rl_module_spec(
+            env=env, spaces=spaces, inference_only=inference_only
+        )
+        return spec.build()
+    return config.get_rl_module_spec(env=env, spaces=spaces, inference_only=inference_only).build()
 
 
 def build_algorithm_config(settings: RunnerConfig, spec: CompileSpec | None) -> AlgorithmConfig:
@@ -210,8 +261,12 @@ def build_algorithm_config(settings: RunnerConfig, spec: CompileSpec | None) -> 
         }
         for key in kwargs.keys() & fixed.get(section, {}).keys():
             raise ConfigError(f"algo.{section}.{key} duplicates scaling.{key}; set it in scaling")
-        if section == "rl_module" and env.model_config:
-            kwargs["model_config"] = {**env.model_config, **kwargs.get("model_config", {})}
+        given = kwargs.get("model_config", {})
+        if section == "rl_module" and isinstance(given, Mapping):
+            merged = {**env.model_config, **given}
+            merged = {**image_model_defaults(env, merged), **merged}
+            if merged:
+                kwargs["model_config"] = merged
         if kwargs:
             call_builder(config, section, f"algo.{section}", kwargs)
     if not algo.multi_agent:

@@ -18,13 +18,14 @@ A user adds their own with a `callbacks:` list in the config, each a `_target_` 
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runner.console import console
-from runner.errors import RunnerError
-from runner.results.files import MetricsLog, env_step
+from runner.errors import RunEnded, RunnerError
+from runner.results.files import ENV_RUNNER_ERROR, MetricsLog, env_step
 from runner.schema import NonFinite, StopConfig
 
 if TYPE_CHECKING:
@@ -193,6 +194,74 @@ class ActorRestarts(Callback):
         return None
 
 
+class _Caught(logging.Handler):
+    """The errors EnvRunners raised, as the driver's RLlib logs them."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.errors: list[Exception] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from ray.exceptions import RayTaskError
+
+        if isinstance(record.msg, RayTaskError):  # not a lost actor (RayActorError)
+            self.errors.append(record.msg)
+
+
+def error_line(ex: Exception) -> str:
+    """An EnvRunner's error as one line: the original exception's type and message."""
+    cause = getattr(ex, "cause", None) or ex
+    text = " ".join(str(cause).split()) or "(no message)"
+    return f"{type(cause).__name__}: {text}"[:500]
+
+
+class EnvRunnerErrors(Callback):
+    """An error raised in an EnvRunner (by the env, a connector or the module) that
+    comes back after RLlib restored the EnvRunner fails the run: RLlib's fault tolerance
+    logs it and goes on sampling nothing, so a deterministic failure would otherwise end
+    as a finished run with 0 env steps. Exit 1, the error in one line, its traceback in
+    env_runner_error.txt and summary.json (`env_runner_error`). A lost actor (killed, out
+    of memory) is left to RLlib's restarts. The errors are read from RLlib's own log of
+    them (ray.rllib.utils.actor_manager's logger, on the driver)."""
+
+    LOGGER = "ray.rllib.utils.actor_manager"
+
+    def __init__(self) -> None:
+        self.caught = _Caught()
+        self.first_seen: dict[str, int] = {}
+
+    def on_start(self, training: Training) -> None:
+        logging.getLogger(self.LOGGER).addHandler(self.caught)
+
+    def on_iteration(self, training: Training, it: Iteration) -> str | None:
+        errors, self.caught.errors = self.caught.errors, []
+        now = it.row["iteration"]
+        for ex in errors:
+            line = error_line(ex)
+            first = self.first_seen.setdefault(line, now)
+            if first != now:
+                return self._fail(training, ex, line, first, now)
+        return None
+
+    def _fail(self, training: Training, ex: Exception, line: str, first: int, now: int) -> str:
+        text = f"an EnvRunner failed the same way in iterations {first} and {now}: {line}"
+        run_dir = training.run.run_dir
+        if run_dir is not None:
+            (run_dir / ENV_RUNNER_ERROR).write_text(str(ex))
+            text += f" (traceback in {run_dir / ENV_RUNNER_ERROR})"
+        training.run.record["env_runner_error"] = {
+            "iterations": [first, now],
+            "error": line,
+            "traceback": str(ex),
+        }
+        training.progress.end("failed", text)
+        training.progress.error = RunEnded(text)
+        return text
+
+    def on_end(self, training: Training, outcome: dict[str, Any]) -> None:
+        logging.getLogger(self.LOGGER).removeHandler(self.caught)
+
+
 class NonFiniteGuard(Callback):
     """guard.non_finite: a NaN or inf loss, gradient norm or return stops the run before
     any checkpoint of that iteration (stop), or is one warning line (warn)."""
@@ -295,7 +364,7 @@ def for_run(run: TaskRun, quiet: bool = False) -> list[Callback]:
     found: list[Callback] = [] if quiet else [PrintRow()]
     if run_dir is not None:
         found += [MetricsFiles(run_dir, run.history), TensorBoard(run_dir)]
-    found += [Trackers(run.tracker), ActorRestarts()]
+    found += [Trackers(run.tracker), ActorRestarts(), EnvRunnerErrors()]
     if settings.guard.non_finite != NonFinite.off:
         found.append(NonFiniteGuard(settings.guard.non_finite))
     if settings.checkpoint.every:

@@ -12,8 +12,8 @@ process), an env class or factory by import path (`env.entry_point`, called with
 EnvContext; a MultiAgentEnv makes the run multi-agent), a PettingZoo env function
 (`env.pettingzoo`, called with env_config as keywords, in RLlib's own PettingZoo
 wrappers), and Atari ids wrapped as RLlib wraps Atari for the new API stack. Then
-`env.wrappers` in order, and `env.framestack` (beyond Atari's own), on every single-agent
-env.
+`env.wrappers` in order, `env.framestack` (beyond Atari's own), and integer observations
+as floats (`float_observations`), on every single-agent env.
 """
 
 from __future__ import annotations
@@ -54,6 +54,16 @@ def setting(env: EnvConfig | dict[str, Any]) -> str:
     return f"env.{key}={values[key]}"
 
 
+def wraps_atari(env: EnvConfig | dict[str, Any]) -> bool:
+    """Whether the env gets RLlib's Atari preprocessing: `env.atari`, or, left null, an
+    ALE id (`ALE/Pong-v5`, `ale_py:ALE/Pong-v5`), whose raw 210x160 frames no default
+    model takes well."""
+    values = env if isinstance(env, dict) else asdict(env)
+    if values.get("atari") is not None:
+        return bool(values["atari"])
+    return (values.get("id") or "").rpartition(":")[2].startswith("ALE/")
+
+
 def check_spelling(env: EnvConfig) -> None:
     """Exactly one of env.id, env.entry_point and env.pettingzoo; Atari wraps an id."""
     given = {k: getattr(env, k) for k in SPELLINGS}
@@ -64,7 +74,7 @@ def check_spelling(env: EnvConfig) -> None:
             "env.pettingzoo (a PettingZoo env function, e.g. mpe2.simple_spread_v3:parallel_env); "
             f"got {', '.join(f'env.{k}={v}' for k, v in given.items())}"
         )
-    if env.atari and not env.id:
+    if env.atari is True and not env.id:
         raise ConfigError(f"env.atari=true wraps a gymnasium id: set env.id, not {setting(env)}")
 
 
@@ -145,28 +155,60 @@ def wrappers(own: dict[str, Any]) -> list[tuple[Callable[..., Any], dict[str, An
 def stack_frames(env: gym.Env, n: int) -> gym.Env:
     """The last `n` observations on the observation's last axis, as RLlib's Atari wrapper
     and frame-stacking connector stack them: a Box of shape (..., c) becomes (..., c*n),
-    so RLlib's default encoders take it (an MLP a flat vector, a CNN more channels)."""
+    so RLlib's default encoders take it (an MLP a flat vector, a CNN more channels); a
+    2-D frame (h, w) gets a channel axis: (h, w, n)."""
     space = env.observation_space
     if not isinstance(space, gym.spaces.Box) or not space.shape:
         raise ConfigError(
             f"env.framestack={n} stacks array observations (a gymnasium Box); this env's "
             f"are {space}: drop env.framestack, or add a wrapper that makes a Box first"
         )
-    low = np.concatenate([space.low] * n, axis=-1)
-    high = np.concatenate([space.high] * n, axis=-1)
+    if len(space.shape) == 2:
+        low, high = np.stack([space.low] * n, axis=-1), np.stack([space.high] * n, axis=-1)
+
+        def join(frames: Any) -> np.ndarray:
+            return np.stack(list(frames), axis=-1)
+    else:
+        low = np.concatenate([space.low] * n, axis=-1)
+        high = np.concatenate([space.high] * n, axis=-1)
+
+        def join(frames: Any) -> np.ndarray:
+            return np.concatenate(list(frames), axis=-1)
+
     return gym.wrappers.TransformObservation(
         gym.wrappers.FrameStackObservation(env, n),
-        lambda frames: np.concatenate(list(frames), axis=-1),
+        join,
         # gymnasium types dtype as a scalar type; a Box's own dtype is what it takes.
         gym.spaces.Box(low, high, dtype=space.dtype),  # type: ignore[arg-type]
     )
 
 
+def float_observations(env: gym.Env) -> gym.Env:
+    """Integer Box observations (an image's uint8 pixels, a grid's cell codes) as float32
+    in [0, 1], scaled by the space's own bounds: RLlib's default encoders and their
+    float weights take floats, and unscaled pixels make a policy's updates explode.
+    Other observations pass as they are."""
+    space = env.observation_space
+    if not isinstance(space, gym.spaces.Box) or not np.issubdtype(space.dtype, np.integer):
+        return env
+    low = space.low.astype(np.float32)
+    span = space.high.astype(np.float32) - low
+    span[span <= 0] = 1.0  # a constant entry: 0 after the shift
+
+    def scale(obs: np.ndarray) -> np.ndarray:
+        return (np.asarray(obs, dtype=np.float32) - low) / span
+
+    return gym.wrappers.TransformObservation(
+        env, scale, gym.spaces.Box(0.0, 1.0, shape=space.shape, dtype=np.float32)
+    )
+
+
 def _wrapped(env: Any, own: dict[str, Any]) -> Any:
-    """`env.wrappers` in order, then `env.framestack` (Atari's wrapper stacks its own)."""
+    """`env.wrappers` in order, then `env.framestack` (Atari's wrapper stacks its own),
+    then integer observations as floats."""
     stack = None if own["atari"] else own["framestack"]
     if not own.get("wrappers") and not stack:
-        return env
+        return float_observations(env) if isinstance(env, gym.Env) else env
     if not isinstance(env, gym.Env):
         raise ConfigError(
             f"{setting(own)}: env.wrappers and env.framestack wrap single-agent gymnasium "
@@ -180,7 +222,7 @@ def _wrapped(env: Any, own: dict[str, Any]) -> Any:
             raise ConfigError(
                 f"env.wrappers[{i}]: {name}(env, ...) failed: {type(ex).__name__}: {ex}"
             ) from ex
-    return stack_frames(env, stack) if stack else env
+    return float_observations(stack_frames(env, stack) if stack else env)
 
 
 def build(own: dict[str, Any], context: EnvContext, render_mode: str | None = None) -> Any:
@@ -195,6 +237,7 @@ def build(own: dict[str, Any], context: EnvContext, render_mode: str | None = No
         from ray.rllib.env.wrappers.atari_wrappers import wrap_atari_for_new_api_stack
 
         _register_ale()
+        kwargs.setdefault("frameskip", 1)  # RLlib's wrapper skips frames itself
         env = wrap_atari_for_new_api_stack(
             gym.make(own["id"], **kwargs), framestack=own["framestack"]
         )
@@ -218,8 +261,10 @@ class RunnerEnv:
 
 
 def _own(env: EnvConfig) -> dict[str, Any]:
-    """The env's settings the factory reads, as the plain dict each actor gets."""
-    return {k: v for k, v in asdict(env).items() if k in _OWN_FIELDS}
+    """The env's settings the factory reads, as the plain dict each actor gets (`atari`
+    resolved)."""
+    own = {k: v for k, v in asdict(env).items() if k in _OWN_FIELDS}
+    return {**own, "atari": wraps_atari(env)}
 
 
 def environment_kwargs(env: EnvConfig) -> dict[str, Any]:
@@ -227,7 +272,7 @@ def environment_kwargs(env: EnvConfig) -> dict[str, Any]:
     env_config with the env's settings beside it, and `env.environment`'s extras."""
     check_spelling(env)
     own = _own(env)
-    if env.id and not env.atari:
+    if env.id and not wraps_atari(env):
         check_env_id(env.id)
     elif env.entry_point:
         _maker(own)
@@ -270,6 +315,18 @@ def multi_agent_ids(env: EnvConfig) -> list[Any] | None:
     built = _made_here(own, dict(env.env_config), None)
     try:
         return agent_ids(built) if isinstance(built, MultiAgentEnv) else None
+    finally:
+        built.close()
+
+
+def single_agent_observation_space(env: EnvConfig) -> gym.Space | None:
+    """The observation space of a single-agent env, from one env built here; None for a
+    multi-agent one (a PettingZoo env is one without building it)."""
+    if env.pettingzoo:
+        return None
+    built = _made_here(_own(env), dict(env.env_config), None)
+    try:
+        return None if isinstance(built, MultiAgentEnv) else built.observation_space
     finally:
         built.close()
 

@@ -31,7 +31,8 @@ class ConfigError(RunnerError):
 
 
 class RunEnded(RunnerError):
-    """A run stopped on a stall or a non-finite value: exit code 1 (its record says why)."""
+    """A run stopped on a stall, a non-finite value or an EnvRunner error that repeated:
+    exit code 1 (its record says why)."""
 
     exit_code = 1
 

@@ -106,9 +106,9 @@ def text(config_dir: str) -> str:
         tuned = {name: line for name, line in options.items() if name.startswith(TUNED)}
         others = [name for name in options if not name.startswith(TUNED)]
         lines.append(
-            "  a file that overrides any of the above. The tuned presets, RLlib's tuned examples"
+            "  a file that overrides any of the above; the tuned presets, with their pass criteria "
+            "(docs/tuned.md):"
         )
-        lines.append("  (RL Zoo's where RLlib has none) with their pass criteria (docs/tuned.md):")
         lines += _rows(tuned, "    ")
         lines.append(
             f"  and {len(others)} reproductions of RLlib's torch.compile tables "

@@ -150,8 +150,9 @@ class Training:
 
     @property
     def faulted(self) -> bool:
-        """This iteration's values are not to be kept (a non-finite one stopped the run)."""
-        return self.progress.status == "non_finite"
+        """This iteration's values are not to be kept (a non-finite one, or an EnvRunner
+        error that repeated, stopped the run)."""
+        return self.progress.status in ("non_finite", "failed")
 
     def step(self, watch: Watch) -> str:
         """One iteration and what follows it; the stop reason, or '' to go on."""

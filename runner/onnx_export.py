@@ -29,7 +29,7 @@ from torch.onnx import symbolic_helper
 
 from runner import trained
 from runner.console import console
-from runner.envs import make_env, random_rollout
+from runner.envs import make_env, random_rollout, wraps_atari
 from runner.errors import ConfigError, RunnerError
 from runner.results.files import POLICY, versions, write_json
 from runner.schema import RunnerConfig
@@ -182,7 +182,7 @@ def describe_env(settings: RunnerConfig, pipeline: ConnectorPipelineV2) -> dict[
     env = settings.env
     found: dict[str, Any] = {"id": env.id, "entry_point": env.entry_point}
     found["env_config"] = dict(env.env_config)
-    if env.atari:
+    if wraps_atari(env):
         found["wrapper"] = (
             "ray.rllib.env.wrappers.atari_wrappers.wrap_atari_for_new_api_stack"
             f"(env, framestack={env.framestack}): 64x64 grayscale frames scaled to [0, 1], "

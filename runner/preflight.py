@@ -246,7 +246,10 @@ def check_env(settings: RunnerConfig, config: AlgorithmConfig) -> None:
         if isinstance(env, MultiAgentEnv):
             _check_mapping(env, config)
         _check_action_space(settings, env)
-        _build_module(env, config)
+        if isinstance(env, MultiAgentEnv):
+            _build_module(env, config)
+        else:
+            _forward_pass(settings, config, env)
     finally:
         env.close()
 
@@ -271,16 +274,70 @@ def _check_action_space(settings: RunnerConfig, env: Any) -> None:
             )
 
 
-def _build_module(env: Any, config: AlgorithmConfig) -> None:
+def _build_module(
+    env: Any, config: AlgorithmConfig, spaces: dict | None = None, inference_only: bool = False
+) -> Any:
     """The RLModule (a MultiRLModule for a multi-agent env), built once for this env, so a
     custom module's constructor error is one line before any actor starts."""
     from runner.algorithm_config import build_module
 
     try:
-        build_module(config, env)
+        return build_module(config, env, inference_only, spaces)
     except Exception as ex:
         problem = f"{type(ex).__name__}: {ex}"
         raise ConfigError(f"algo.rl_module: building the RLModule failed: {problem}") from ex
+
+
+def _forward_pass(settings: RunnerConfig, config: AlgorithmConfig, env: Any) -> None:
+    """A single-agent env's first observation through what an EnvRunner builds: its
+    env-to-module connectors (RLlib's and the user's), then its RLModule's exploration
+    forward pass. A dtype, shape or space the module does not take is one line here,
+    before any actor starts, instead of an error in every EnvRunner minutes later."""
+    import gymnasium as gym
+    import torch
+    from ray.rllib.core import DEFAULT_MODULE_ID
+    from ray.rllib.env import INPUT_ENV_SINGLE_SPACES, INPUT_ENV_SPACES
+    from ray.rllib.env.single_agent_episode import SingleAgentEpisode
+
+    vector = gym.vector.SyncVectorEnv([lambda: env])  # what an EnvRunner steps: a vector env
+    spaces: dict[str, Any] = {
+        INPUT_ENV_SPACES: (vector.observation_space, vector.action_space),
+        INPUT_ENV_SINGLE_SPACES: (env.observation_space, env.action_space),
+    }
+    try:
+        connectors = config.build_env_to_module_connector(env=vector, spaces=spaces)
+        spaces[DEFAULT_MODULE_ID] = (connectors.observation_space, env.action_space)
+    except Exception as ex:
+        raise ConfigError(
+            f"algo.env_runners.env_to_module_connector: building the env-to-module "
+            f"connectors failed: {type(ex).__name__}: {ex}"
+        ) from ex
+    module = _build_module(vector.unwrapped, config, spaces, inference_only=True)
+    obs, infos = env.reset(seed=settings.seed)
+    episode = SingleAgentEpisode(
+        observation_space=env.observation_space, action_space=env.action_space
+    )
+    episode.add_env_reset(observation=obs, infos=infos)
+    try:
+        batch = connectors(
+            rl_module=module, batch={}, episodes=[episode], explore=True, shared_data={}
+        )
+        with torch.no_grad():
+            module.forward_exploration(batch)
+    except Exception as ex:
+        problem = " ".join(f"{type(ex).__name__}: {ex}".split())[:400]
+        raise ConfigError(
+            f"preflight: {setting(settings.env)}'s first observation ({_described(obs)}, of "
+            f"{env.observation_space}) through the env-to-module connectors into the RLModule "
+            f"(built for {spaces[DEFAULT_MODULE_ID][0]}) failed: {problem}: fix the model "
+            "(algo.rl_module.model_config, or your module) or the observations (env.wrappers)"
+        ) from ex
+
+
+def _described(obs: Any) -> str:
+    """An observation's kind in a few words: an array's dtype and shape."""
+    shape, dtype = getattr(obs, "shape", None), getattr(obs, "dtype", None)
+    return f"{dtype} {tuple(shape)}" if shape is not None else type(obs).__name__
 
 
 def _check_mapping(env: MultiAgentEnv, config: AlgorithmConfig) -> None:

@@ -166,7 +166,9 @@ class EnvConfig:
     # wrapped in RLlib's ParallelPettingZooEnv or PettingZooEnv.
     pettingzoo: str | None = None
     env_config: dict[str, Any] = field(default_factory=dict)
-    atari: bool = False
+    # RLlib's Atari preprocessing (wrap_atari_for_new_api_stack); null: for ALE ids
+    # (ALE/Pong-v5, ale_py:ALE/Pong-v5), however they are named.
+    atari: bool | None = None
     # The last n observations stacked on the observation's last axis (any Box env; Atari's
     # own wrapper stacks its frames the same way).
     framestack: int | None = None

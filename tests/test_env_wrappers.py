@@ -141,12 +141,13 @@ def test_a_pettingzoo_game_trains_per_agent_and_shared_and_evaluates(tmp_path: P
 
 @pytest.mark.slow  # it trains
 def test_minigrid_trains_with_its_wrappers_from_yaml_alone(tmp_path: Path, monkeypatch):
-    """examples/minigrid: MiniGrid's dict observation, made a float vector by the env file's
-    wrappers, reaches the RLModule the run trains (and fails to build without them)."""
+    """examples/minigrid: MiniGrid's dict observation, made its 7x7x3 view by the env file's
+    one wrapper, reaches the RLModule the run trains as floats in [0, 1], through a conv
+    encoder (and fails to build without the wrapper)."""
     example = Path(__file__).resolve().parent.parent / "examples" / "minigrid" / "conf"
     config = runner.compose(["env=minigrid_empty"], config_dir=str(example))
     env = make_env(build_algorithm_config(config, None))
-    assert (env.observation_space.shape, env.observation_space.dtype) == ((147,), np.float32)
+    assert (env.observation_space.shape, env.observation_space.dtype) == ((7, 7, 3), np.float32)
     monkeypatch.chdir(tmp_path)
     summary = runner.run(
         [
@@ -161,7 +162,9 @@ def test_minigrid_trains_with_its_wrappers_from_yaml_alone(tmp_path: Path, monke
     assert summary["status"] == "finished" and summary["env_steps"] > 0
     assert not summary["restarts"], "an EnvRunner died on the wrapped env"
     (module_dir,) = (tmp_path / "run").rglob("rl_module/default_policy")
-    assert RLModule.from_checkpoint(module_dir).observation_space.shape == (147,)
+    module = RLModule.from_checkpoint(module_dir)
+    assert module.observation_space.shape == (7, 7, 3)
+    assert any(isinstance(m, torch.nn.Conv2d) for m in module.modules())
     with pytest.raises(ConfigError, match="No default encoder config"):
         runner.run(
             [*TINY, "experiment=minigrid_empty_ppo", "env.wrappers=[]", "dry_run=true"],

@@ -750,3 +750,34 @@ def test_a_run_record_the_full_disk_refused_is_no_success(tmp_path: Path, monkey
     assert checkpoints.latest(tmp_path / "run") is not None
     assert (tmp_path / "run" / "metrics.jsonl").read_text().count("\n") == 1
     assert not (tmp_path / "run" / "summary.json").exists()
+
+
+@pytest.mark.slow
+def test_an_env_runner_error_that_repeats_fails_the_run_in_one_line(tmp_path: Path):
+    """The env raises on every step from its 5th: RLlib logs the error, restores the
+    EnvRunner and samples nothing. The same error in a second iteration ends the run:
+    exit 1, one line with the cause, the remote traceback kept, no checkpoint of it."""
+    result = run_cli(
+        tmp_path,
+        *TINY,
+        *FAULTY_ENV,
+        "+env.env_config.fail_at_step=5",
+        "scaling.num_env_runners=1",
+        "stop.iterations=10",
+        "checkpoint.at_end=true",
+        env=WITH_TESTS,
+        timeout=120,
+        own_ray=True,  # its EnvRunner imports faulty_env from PYTHONPATH
+    )
+    assert result.returncode == 1, result.stderr[-3000:]
+    last = result.stderr.strip().splitlines()[-1]
+    cause = "ValueError: FaultyCartPole fails at step 5 (fail_at_step)"
+    assert last.startswith("error: an EnvRunner failed the same way in iterations 1 and 2: "), last
+    assert cause in last and str(result.run_dir / "env_runner_error.txt") in last
+    summary = result.json("summary.json")
+    assert summary["status"] == "failed" and cause in summary["error"]
+    assert summary["env_runner_error"]["iterations"] == [1, 2]
+    traceback = (result.run_dir / "env_runner_error.txt").read_text()
+    assert "faulty_env.py" in traceback and traceback == summary["env_runner_error"]["traceback"]
+    assert not list((result.run_dir / "checkpoints").glob("iter_*"))
+    record("an EnvRunner error that repeats", 1, result.seconds, "its traceback", "the start")

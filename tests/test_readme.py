@@ -109,6 +109,18 @@ WAYS: dict[str, Way] = {
     "python -m runner --config-dir examples/minigrid/conf experiment=minigrid_empty_ppo": Way(
         ("dry_run=true",), expect="dry run: nothing started"
     ),
+    # Pixels, grids and Atari: the same envs through runner.compose/preflight in
+    # tests/test_observations.py.
+    "python -m runner env.id=minigrid:MiniGrid-Empty-5x5-v0 "
+    "'env.wrappers=[minigrid.wrappers:ImgObsWrapper]' scaling.num_env_runners=1": Way(
+        (*SMALL_BATCH, "stop.iterations=2"), expect="done (iterations 2 >= 2)"
+    ),
+    "python -m runner env.id=ALE/Pong-v5 stop.iterations=2": Way(
+        SMALL_BATCH, expect="done (iterations 2 >= 2)"
+    ),
+    "python -m runner env=atari env.id=ALE/Pong-v5 stop.iterations=2": Way(
+        SMALL_BATCH, expect="done (iterations 2 >= 2)"
+    ),
     "python -m runner env.framestack=4 "
     "'env.wrappers=[{_target_:gymnasium.wrappers.TimeLimit,max_episode_steps:200}]' "
     "stop.iterations=2": Way(SMALL_BATCH, expect="done (iterations 2 >= 2)"),

@@ -35,6 +35,7 @@ EVAL = "eval.json"
 BENCH = "bench.json"
 POLICY = "policy.json"
 ONNX = "policy.onnx"
+ENV_RUNNER_ERROR = "env_runner_error.txt"  # the traceback of an EnvRunner error that repeated
 # Files that mark a run dir as holding results: never written into twice.
 RESULT_FILES = (METRICS, SUMMARY, CHECKPOINTS, BENCH, EVAL, ONNX)
 
