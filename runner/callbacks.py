@@ -18,7 +18,6 @@ A user adds their own with a `callbacks:` list in the config, each a `_target_` 
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -194,72 +193,65 @@ class ActorRestarts(Callback):
         return None
 
 
-class _Caught(logging.Handler):
-    """The errors EnvRunners raised, as the driver's RLlib logs them."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.ERROR)
-        self.errors: list[Exception] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        from ray.exceptions import RayTaskError
-
-        if isinstance(record.msg, RayTaskError):  # not a lost actor (RayActorError)
-            self.errors.append(record.msg)
+# Where Python chains one exception to the next in a traceback's text.
+_CHAINED = (
+    "The above exception was the direct cause of the following exception:",
+    "During handling of the above exception, another exception occurred:",
+)
 
 
-def error_line(ex: Exception) -> str:
-    """An EnvRunner's error as one line: the original exception's type and message."""
-    cause = getattr(ex, "cause", None) or ex
-    text = " ".join(str(cause).split()) or "(no message)"
-    return f"{type(cause).__name__}: {text}"[:500]
+def error_line(traceback: str) -> str:
+    """An EnvRunner's error as one line: the first exception of its chain (the env's own
+    error, not RLlib's RuntimeError raised from it), type and message."""
+    first = traceback
+    for mark in _CHAINED:
+        first = first.split(mark, 1)[0]
+    lines = [line.strip() for line in first.strip().splitlines() if line.strip()]
+    return (lines[-1] if lines else "(no traceback)")[:500]
 
 
 class EnvRunnerErrors(Callback):
-    """An error raised in an EnvRunner (by the env, a connector or the module) that
-    comes back after RLlib restored the EnvRunner fails the run: RLlib's fault tolerance
-    logs it and goes on sampling nothing, so a deterministic failure would otherwise end
-    as a finished run with 0 env steps. Exit 1, the error in one line, its traceback in
-    env_runner_error.txt and summary.json (`env_runner_error`). A lost actor (killed, out
-    of memory) is left to RLlib's restarts. The errors are read from RLlib's own log of
-    them (ray.rllib.utils.actor_manager's logger, on the driver)."""
-
-    LOGGER = "ray.rllib.utils.actor_manager"
+    """An error raised in a remote EnvRunner (by the env, a connector or the module) that
+    comes back after RLlib restarted the EnvRunner fails the run: RLlib's fault tolerance
+    restarts it and goes on sampling nothing, so a deterministic failure would otherwise
+    end as a finished run with 0 env steps. Exit 1, the error in one line, its traceback
+    in env_runner_error.txt and summary.json (`env_runner_error`). A lost actor (killed,
+    out of memory) is left to RLlib's restarts. The tracebacks come from the EnvRunners'
+    processes (runner/env_runner_errors.py)."""
 
     def __init__(self) -> None:
-        self.caught = _Caught()
         self.first_seen: dict[str, int] = {}
 
-    def on_start(self, training: Training) -> None:
-        logging.getLogger(self.LOGGER).addHandler(self.caught)
-
     def on_iteration(self, training: Training, it: Iteration) -> str | None:
-        errors, self.caught.errors = self.caught.errors, []
+        from runner import env_runner_errors
+
         now = it.row["iteration"]
-        for ex in errors:
-            line = error_line(ex)
+        for text in env_runner_errors.take():
+            line = error_line(text)
             first = self.first_seen.setdefault(line, now)
             if first != now:
-                return self._fail(training, ex, line, first, now)
+                return self._fail(training, text, line, first, now)
         return None
 
-    def _fail(self, training: Training, ex: Exception, line: str, first: int, now: int) -> str:
-        text = f"an EnvRunner failed the same way in iterations {first} and {now}: {line}"
+    def _fail(self, training: Training, text: str, line: str, first: int, now: int) -> str:
+        reason = f"an EnvRunner failed the same way in iterations {first} and {now}: {line}"
         run_dir = training.run.run_dir
         if run_dir is not None:
-            (run_dir / ENV_RUNNER_ERROR).write_text(str(ex))
-            text += f" (traceback in {run_dir / ENV_RUNNER_ERROR})"
+            (run_dir / ENV_RUNNER_ERROR).write_text(text)
+            reason += f" (traceback in {run_dir / ENV_RUNNER_ERROR})"
         training.run.record["env_runner_error"] = {
             "iterations": [first, now],
             "error": line,
-            "traceback": str(ex),
+            "traceback": text,
         }
-        training.progress.end("failed", text)
-        training.progress.error = RunEnded(text)
-        return text
+        training.progress.end("failed", reason)
+        training.progress.error = RunEnded(reason)
+        return reason
 
     def on_end(self, training: Training, outcome: dict[str, Any]) -> None:
-        logging.getLogger(self.LOGGER).removeHandler(self.caught)
+        from runner import env_runner_errors
+
+        env_runner_errors.close()
 
 
 class NonFiniteGuard(Callback):

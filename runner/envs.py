@@ -255,6 +255,9 @@ class RunnerEnv:
     this class."""
 
     def __new__(cls, env_context: dict[str, Any]) -> Any:
+        from runner.env_runner_errors import report_from_here
+
+        report_from_here()  # in an EnvRunner's process: its errors reach the driver
         context = env_context if isinstance(env_context, EnvContext) else EnvContext(env_context, 0)
         user_config = {k: v for k, v in context.items() if k != SETTINGS_KEY}
         return build(context[SETTINGS_KEY], context.copy_with_overrides(env_config=user_config))

@@ -323,7 +323,7 @@ def _forward_pass(settings: RunnerConfig, config: AlgorithmConfig, env: Any) -> 
             rl_module=module, batch={}, episodes=[episode], explore=True, shared_data={}
         )
         with torch.no_grad():
-            module.forward_exploration(batch)
+            module.forward_exploration(batch, t=0)  # t: the env steps so far (DQN's epsilon)
     except Exception as ex:
         problem = " ".join(f"{type(ex).__name__}: {ex}".split())[:400]
         raise ConfigError(

@@ -297,7 +297,7 @@ def verification_markdown(groups: list[dict[str, Any]], command: str) -> str:
         lines.append(
             f"| {g['configuration']} | {criterion(g)}{budget} | {g['passed']}/{g['seeds']} "
             f"| {seeds.interval_text(g, 'steps_to_threshold', 'median')} "
-            f"| {seeds.interval_text(g, 'final_return')} | {wall} "
+            f"| {seeds.interval_text(g, 'final_return')}{seeds.evaluated(g)} | {wall} "
             f"| {g['source'] or ''} |"
         )
     return "\n".join(lines) + "\n"

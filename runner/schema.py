@@ -146,7 +146,12 @@ class AlgoConfig:
     evaluation: dict[str, Any] = field(default_factory=dict)
     reporting: dict[str, Any] = field(default_factory=dict)
     framework: dict[str, Any] = field(default_factory=dict)
-    fault_tolerance: dict[str, Any] = field(default_factory=dict)
+    # RLlib's EnvRunner sleeps this long after an error before its process exits and Ray
+    # restarts it (RLlib's default: 60 s); a deterministic error then fails the run in
+    # seconds (runner/callbacks.py's EnvRunnerErrors).
+    fault_tolerance: dict[str, Any] = field(
+        default_factory=lambda: {"delay_between_env_runner_restarts_s": 1.0}
+    )
     callbacks: dict[str, Any] = field(default_factory=dict)
     multi_agent: dict[str, Any] = field(default_factory=dict)
 

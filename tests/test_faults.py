@@ -754,9 +754,10 @@ def test_a_run_record_the_full_disk_refused_is_no_success(tmp_path: Path, monkey
 
 @pytest.mark.slow
 def test_an_env_runner_error_that_repeats_fails_the_run_in_one_line(tmp_path: Path):
-    """The env raises on every step from its 5th: RLlib logs the error, restores the
-    EnvRunner and samples nothing. The same error in a second iteration ends the run:
-    exit 1, one line with the cause, the remote traceback kept, no checkpoint of it."""
+    """The env raises on every step from its 5th: RLlib's EnvRunner logs the error and
+    exits, Ray restarts it, and nothing is sampled. The same error in a later iteration
+    ends the run: exit 1, one line with the cause, the remote traceback kept, no
+    checkpoint of it, in seconds (RLlib waits 60 s before each restart; the runner 1 s)."""
     result = run_cli(
         tmp_path,
         *TINY,
@@ -772,12 +773,29 @@ def test_an_env_runner_error_that_repeats_fails_the_run_in_one_line(tmp_path: Pa
     assert result.returncode == 1, result.stderr[-3000:]
     last = result.stderr.strip().splitlines()[-1]
     cause = "ValueError: FaultyCartPole fails at step 5 (fail_at_step)"
-    assert last.startswith("error: an EnvRunner failed the same way in iterations 1 and 2: "), last
+    # Iteration 1 samples through the error; RLlib restarts the EnvRunner within an
+    # iteration or two (one may have no EnvRunner in service), and the error comes back.
+    assert re.match(r"error: an EnvRunner failed the same way in iterations 1 and \d+: ", last)
     assert cause in last and str(result.run_dir / "env_runner_error.txt") in last
     summary = result.json("summary.json")
     assert summary["status"] == "failed" and cause in summary["error"]
-    assert summary["env_runner_error"]["iterations"] == [1, 2]
+    assert summary["env_runner_error"]["iterations"][0] == 1
     traceback = (result.run_dir / "env_runner_error.txt").read_text()
     assert "faulty_env.py" in traceback and traceback == summary["env_runner_error"]["traceback"]
     assert not list((result.run_dir / "checkpoints").glob("iter_*"))
     record("an EnvRunner error that repeats", 1, result.seconds, "its traceback", "the start")
+
+
+def test_an_env_runner_error_is_named_by_the_first_exception_of_its_chain():
+    """RLlib raises RuntimeError from the env's own error: the env's is the cause."""
+    from runner.callbacks import error_line
+
+    chained = (
+        'Traceback (most recent call last):\n  File "env.py", line 3, in step\n'
+        "ValueError: bad step\n\n"
+        "The above exception was the direct cause of the following exception:\n\n"
+        'Traceback (most recent call last):\n  File "env_runner.py", line 291\n'
+        "RuntimeError\n"
+    )
+    assert error_line(chained) == "ValueError: bad step"
+    assert error_line("Traceback ...\nKeyError: 'obs'\n") == "KeyError: 'obs'"

@@ -37,6 +37,7 @@ LAYERS = [
         "plan",
         "user_code",
         "ray_session",
+        "env_runner_errors",
         "search",
         "results.files",
         "results.plots",

@@ -141,6 +141,12 @@ def band(
     return grid, mid, low, high
 
 
+def evaluated(row: dict[str, Any]) -> str:
+    """A table's mark on a configuration's returns when they are its evaluation's (its
+    criterion is on them)."""
+    return " (evaluation)" if row.get("return_of") == "evaluation" else ""
+
+
 def group(rows: list[dict[str, Any]], out_dir: Path, label: Callable[[dict], str]) -> list[dict]:
     """One row per configuration (in first-job order), and its learning-curve plot in
     `out_dir`; `label` names a configuration by one of its jobs' rows (the sweep summary's,
@@ -169,9 +175,14 @@ def group(rows: list[dict[str, Any]], out_dir: Path, label: Callable[[dict], str
             "env_steps_budget": checks[0]["env_steps_budget"] if checks else None,
             "source": checks[0].get("source") if checks else None,
         }
+        # The return the criterion is on: a check on evaluation (check.on=evaluation)
+        # judges the evaluation's return, and so does the table.
+        on_evaluation = bool(checks) and str(checks[0].get("metric", "")).startswith("evaluation/")
+        row["return_of"] = "evaluation" if on_evaluation else "training"
+        kind = "eval" if on_evaluation else "episode"
         for name, key in (
-            ("final_return", "final_episode_return_mean"),
-            ("best_return", "best_episode_return_mean"),
+            ("final_return", f"final_{kind}_return_mean"),
+            ("best_return", f"best_{kind}_return_mean"),
         ):
             point, low, high = interval([r.get(key) for r in done], iqm)
             row.update({f"{name}_iqm": point, f"{name}_low": low, f"{name}_high": high})
