@@ -66,6 +66,7 @@ def test_a_check_on_evaluation_reads_the_evaluation_during_training():
     assert job.config.evaluation_interval == 2
 
 
+@pytest.mark.slow  # it trains (the fast subset's only Ray start)
 def test_a_run_that_passes_its_check_stops_and_exits_0(cli):
     result = cli(*TINY, "check.threshold=1", "check.env_steps=100000", "stop.iterations=5")
     assert result.returncode == 0, result.stderr
