@@ -108,3 +108,19 @@ def test_env_atari_takes_any_ale_id_and_false_keeps_the_raw_frames():
     space = env.observation_space
     assert space.shape == (210, 160, 3) and space.dtype == np.float32
     assert raw.config.model_config["conv_filters"] == conv_filters_for((210, 160, 3))
+
+
+MINIGRID = [
+    "env.id=minigrid:MiniGrid-Empty-5x5-v0",
+    "env.wrappers=[minigrid.wrappers:ImgObsWrapper]",
+]
+
+
+def test_minigrid_with_its_view_alone_passes_and_a_mismatched_model_is_one_line():
+    """The issue's case: MiniGrid's 7x7x3 uint8 view, no other wrapper, gets through the
+    preflight's forward pass; a model that cannot take the view stops there."""
+    made = prepared(MINIGRID)
+    preflight.check_env(made.settings, made.config)
+    bad = prepared([*MINIGRID, "+algo.rl_module.model_config.conv_filters=[[16,[9,9],1,valid]]"])
+    with pytest.raises(ConfigError, match=r"^preflight: env.id=minigrid:MiniGrid-Empty-5x5-v0's"):
+        preflight.check_env(bad.settings, bad.config)
