@@ -163,21 +163,11 @@ def stack_frames(env: gym.Env, n: int) -> gym.Env:
             f"env.framestack={n} stacks array observations (a gymnasium Box); this env's "
             f"are {space}: drop env.framestack, or add a wrapper that makes a Box first"
         )
-    if len(space.shape) == 2:
-        low, high = np.stack([space.low] * n, axis=-1), np.stack([space.high] * n, axis=-1)
-
-        def join(frames: Any) -> np.ndarray:
-            return np.stack(list(frames), axis=-1)
-    else:
-        low = np.concatenate([space.low] * n, axis=-1)
-        high = np.concatenate([space.high] * n, axis=-1)
-
-        def join(frames: Any) -> np.ndarray:
-            return np.concatenate(list(frames), axis=-1)
-
+    join = np.stack if len(space.shape) == 2 else np.concatenate  # a new axis, or the last
+    low, high = join([space.low] * n, axis=-1), join([space.high] * n, axis=-1)
     return gym.wrappers.TransformObservation(
         gym.wrappers.FrameStackObservation(env, n),
-        join,
+        lambda frames: join(list(frames), axis=-1),
         # gymnasium types dtype as a scalar type; a Box's own dtype is what it takes.
         gym.spaces.Box(low, high, dtype=space.dtype),  # type: ignore[arg-type]
     )
@@ -324,10 +314,16 @@ def multi_agent_ids(env: EnvConfig) -> list[Any] | None:
 
 def single_agent_observation_space(env: EnvConfig) -> gym.Space | None:
     """The observation space of a single-agent env, from one env built here; None for a
-    multi-agent one (a PettingZoo env is one without building it)."""
+    multi-agent one (a PettingZoo env, or a MultiAgentEnv class, is one without building
+    it)."""
     if env.pettingzoo:
         return None
-    built = _made_here(_own(env), dict(env.env_config), None)
+    own = _own(env)
+    if env.entry_point:
+        maker = _maker(own)
+        if isinstance(maker, type) and issubclass(maker, MultiAgentEnv):
+            return None
+    built = _made_here(own, dict(env.env_config), None)
     try:
         return None if isinstance(built, MultiAgentEnv) else built.observation_space
     finally:
