@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import csv
+from pathlib import Path
 
 import pytest
+
+import runner
+from runner.errors import ConfigError
 
 
 @pytest.mark.slow
@@ -47,10 +51,10 @@ def test_inference_bench_writes_its_figures(cli, env, preset, backend, batch_siz
     assert "speedup" in result.stdout
 
 
-def test_inference_bench_needs_a_compile_preset(cli):
-    result = cli("task=inference_bench", "env=cartpole", timeout=60)
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [
-        "error: task=inference_bench compares an eager with a compiled module: pick a compile "
+def test_inference_bench_needs_a_compile_preset(tmp_path: Path):
+    with pytest.raises(ConfigError) as refused:
+        runner.run(["task=inference_bench", "env=cartpole", f"hydra.run.dir={tmp_path / 'run'}"])
+    assert str(refused.value) == (
+        "task=inference_bench compares an eager with a compiled module: pick a compile "
         "preset, e.g. compile=inductor_default"
-    ]
+    )

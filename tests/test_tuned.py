@@ -11,7 +11,9 @@ import pytest
 from conftest import compose_config, prepared
 from omegaconf import OmegaConf
 
+import runner
 from runner import CONFIG_DIR, preflight
+from runner.errors import RunnerError
 
 # name: (threshold, env-step budget), as issue 11 and RLlib's examples state them.
 TUNED = {
@@ -144,13 +146,14 @@ def test_env_and_module_build_as_the_preflight_builds_them(name: str):
     preflight.check_env(job.settings, job.config)  # raises ConfigError if it cannot
 
 
-def test_atari_experiment_is_refused_here_in_one_line(cli):
-    result = cli("experiment=tuned_appo_pong")
-    assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "hardware=gpu expects an NVIDIA GPU" in lines[0]
-    assert "scale=local" in lines[0]
-    assert not (result.run_dir / "metrics.jsonl").exists()
+def test_atari_experiment_is_refused_here_in_one_line(tmp_path: Path):
+    run_dir = tmp_path / "run"
+    with pytest.raises(RunnerError) as refused:
+        runner.run(["experiment=tuned_appo_pong", f"hydra.run.dir={run_dir}"])
+    line = str(refused.value)
+    assert "\n" not in line and "hardware=gpu expects an NVIDIA GPU" in line
+    assert "scale=local" in line
+    assert not (run_dir / "metrics.jsonl").exists()
 
 
 @pytest.mark.slow
