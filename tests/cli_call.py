@@ -122,9 +122,11 @@ def _output_to(stdout: Path, stderr: Path) -> Iterator[None]:
         sys.stdout, sys.stderr = out, err
         # Handlers made before (Ray's, absl's) write where the job's own do; Hydra's
         # logging set-up closes every handler, and absl's closes a stream that is not
-        # sys.stdout or sys.stderr at that moment: this process's would be.
+        # sys.stdout or sys.stderr at that moment: this process's would be, and so would a
+        # stream an earlier phase of the test left in a handler (pytest's capsys).
         for handler in _handlers():
-            if handler.stream in saved_streams:
+            fixed = isinstance(getattr(type(handler), "stream", None), property)  # sys.stderr's
+            if not fixed and not isinstance(handler, logging.FileHandler):
                 moved.append((handler, handler.stream))
                 handler.stream = out if handler.stream is saved_streams[0] else err
         yield
@@ -163,6 +165,16 @@ def _interrupt(stdout: Path, timeout: float) -> None:
     os.kill(os.getpid(), signal.SIGINT)
 
 
+def _fresh_dynamo() -> None:
+    """Dynamo as a new process has it: no compiled code, and zero in the counters a run's
+    compile report reads (`process_frames`), which `torch._dynamo.reset()` leaves as they are.
+    A test that compiled in this worker before would otherwise show in a compile=none run."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+
+
 def call(
     cwd: Path, args: list[str], env: dict[str, str], timeout: float, merged: bool = False
 ) -> Called:
@@ -190,6 +202,7 @@ def call(
         os.environ.update(env)
         os.chdir(cwd)
         _as_a_new_interpreter_sees_it()
+        _fresh_dynamo()
         sys.argv = ["runner", *args]
         entry.START = time.perf_counter()
         with _output_to(stdout, stderr):
@@ -209,7 +222,7 @@ def call(
             signal.signal(s, handler)
         shutdown._first_signal = None
         torch.set_num_threads(saved_threads)
-        torch._dynamo.reset()  # compiled code and its recompile counts: the next job's own
+        _fresh_dynamo()
         for name in _imported_from_outside(saved_modules):
             del sys.modules[name]
         sys.path[:] = saved_path
