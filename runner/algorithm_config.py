@@ -1,5 +1,6 @@
 """Typed settings -> RLlib AlgorithmConfig, as one function (no Ray, no I/O; an env is
-built once to read a multi-agent env's agent ids or an image observation's shape).
+built once to read its agent ids and observation spaces: an image's shape, an action
+mask).
 
 Every section is passed through the AlgorithmConfig builder method it is named after, so
 RLlib's own setter checks run. The fixed scaling fields go through explicit
@@ -22,16 +23,19 @@ from ray.rllib.algorithms.registry import ALGORITHMS
 
 from runner.compile.apply import add_to_config
 from runner.compile.settings import CompileSpec
-from runner.envs import (
-    environment_kwargs,
-    multi_agent_ids,
-    setting,
-    single_agent_observation_space,
-    wraps_atari,
-)
+from runner.envs import environment_kwargs, observation_spaces, setting, wraps_atari
 from runner.errors import ConfigError, did_you_mean
-from runner.schema import EnvConfig, EvalConfig, Policies, RunnerConfig, ScalingConfig
-from runner.user_code import PolicyTable, materialize
+from runner.masking import MAIN, RANDOM, RandomLegalMoves, Seats, is_masked, log_game
+from runner.schema import (
+    AlgoConfig,
+    EnvConfig,
+    EvalConfig,
+    Opponent,
+    Policies,
+    RunnerConfig,
+    ScalingConfig,
+)
+from runner.user_code import PolicyTable, beside, materialize
 
 # The free-form algo sections, in the order their builders are called.
 ALGO_SECTIONS = (
@@ -162,18 +166,30 @@ def check_policies(config: AlgorithmConfig) -> None:
             )
 
 
-def generated_policies(env: EnvConfig) -> dict[str, Any] | None:
-    """algo.multi_agent for a multi-agent env that declares none: one policy per agent id
-    (`env.policies: per_agent`, the default) or one for all (`shared`); None for a
+def generated_policies(env: EnvConfig, agents: list[Any] | None) -> dict[str, Any] | None:
+    """algo.multi_agent for a multi-agent env (`agents`: its agent ids) that declares
+    none: one policy per agent id (`env.policies: per_agent`, the default) or one for all
+    (`shared`), or, against an opponent, `main` (trained) and the opponent's; None for a
     single-agent env."""
-    agents = multi_agent_ids(env)
+    for name, value in (("policies", env.policies), ("opponent", env.opponent)):
+        if agents is None and value is not None:
+            raise ConfigError(
+                f"env.{name}={value.value} is for multi-agent envs; {setting(env)} "
+                f"is single-agent: drop env.{name}"
+            )
     if agents is None:
+        return None
+    if env.opponent is not None:
         if env.policies is not None:
             raise ConfigError(
-                f"env.policies={env.policies.value} is for multi-agent envs; {setting(env)} "
-                "is single-agent: drop env.policies"
+                f"env.opponent={env.opponent.value} and env.policies={env.policies.value} "
+                "both set the policies (against an opponent: main and the opponent's): keep one"
             )
-        return None
+        return {
+            "policies": [MAIN, RANDOM],
+            "policy_mapping_fn": Seats(agents),
+            "policies_to_train": [MAIN],
+        }
     shared = env.policies == Policies.shared
     table: dict[Hashable, str] = {
         str(agent): "shared" if shared else str(agent) for agent in agents
@@ -216,17 +232,67 @@ def conv_filters_for(shape: tuple[int, ...]) -> list[list[Any]]:
     return filters
 
 
-def image_model_defaults(env: EnvConfig, model_config: Mapping[str, Any]) -> dict[str, Any]:
-    """`conv_filters` for an image observation (a 3-D Box) of any size, unless the model
-    config names its own: RLlib's catalog has defaults for a few sizes only and stops
-    the module's build at any other. Atari's frames are 84x84, one of those sizes."""
-    if wraps_atari(env) or env.pettingzoo or model_config.get("conv_filters"):
+def image_model_defaults(
+    env: EnvConfig, model_config: Mapping[str, Any], spaces: Mapping[Any, Any]
+) -> dict[str, Any]:
+    """`conv_filters` for a single-agent env's image observation (a 3-D Box; `spaces`
+    from observation_spaces) of any size, unless the model config names its own:
+    RLlib's catalog has defaults for a few sizes only and stops the module's build at
+    any other. Atari's frames are 84x84, one of those sizes."""
+    if wraps_atari(env) or None not in spaces or model_config.get("conv_filters"):
         return {}
-    space = single_agent_observation_space(env)
-    shape = getattr(space, "shape", None) or ()
+    shape = getattr(spaces[None], "shape", None) or ()
     if len(shape) != 3:
         return {}
     return {"conv_filters": conv_filters_for(shape)}
+
+
+def masking_modules(
+    config: AlgorithmConfig, env: EnvConfig, spaces: Mapping[Any, Any], algo: AlgoConfig
+) -> None:
+    """The RLModules an env's masks and opponent need, unless algo.rl_module names its
+    own: RLlib's action-masking module (PPO's, the one RLlib has) for every trained policy
+    where the observations hold an action mask, and random legal moves for the opponent."""
+    masked = env.action_mask is not False and any(is_masked(s) for s in spaces.values())
+    if env.action_mask and not masked:
+        raise ConfigError(
+            f"env.action_mask=true, but {setting(env)}'s observations hold no action mask "
+            "(a Dict observation with an `action_mask` beside the observation): drop "
+            "env.action_mask, or have the env return one"
+        )
+    if not masked and env.opponent is None:
+        return
+    if masked and algo.name != "PPO":
+        raise ConfigError(
+            f"{setting(env)}'s observations hold an action mask, which RLlib's "
+            f"action-masking RLModule applies for PPO only, not {algo.name}: use algo=ppo, or "
+            "env.action_mask=false to train on the observation dict unmasked"
+        )
+    if "rl_module_spec" in algo.rl_module:
+        return  # the user's own module (algo.rl_module.rl_module_spec) masks or not
+    from ray.rllib.core.rl_module.multi_rl_module import MultiRLModuleSpec
+    from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+    from ray.rllib.examples.rl_modules.classes.action_masking_rlm import (
+        ActionMaskingTorchRLModule,
+    )
+
+    def spec(policy: str) -> RLModuleSpec:
+        if env.opponent == Opponent.random and policy == RANDOM:
+            return RLModuleSpec(module_class=RandomLegalMoves)
+        return RLModuleSpec(module_class=ActionMaskingTorchRLModule if masked else None)
+
+    if config.is_multi_agent:
+        specs = {str(p): spec(str(p)) for p in config.policies}
+        call_builder(
+            config,
+            "rl_module",
+            "env.action_mask",
+            {"rl_module_spec": MultiRLModuleSpec(rl_module_specs=specs)},
+        )
+    else:
+        call_builder(config, "rl_module", "env.action_mask", {"rl_module_spec": spec(MAIN)})
+    if env.opponent is not None:
+        config.callbacks(on_episode_end=beside(config.callbacks_on_episode_end, log_game))
 
 
 def build_module(
@@ -253,6 +319,7 @@ def build_algorithm_config(settings: RunnerConfig, spec: CompileSpec | None) -> 
     algo, scaling, env = settings.algo, settings.scaling, settings.env
     config = default_config_for(algo.name)
     call_builder(config, "environment", "env", environment_kwargs(env))
+    agents, spaces = observation_spaces(env)
     fixed = {"env_runners": env_runner_scaling(scaling), "learners": learner_scaling(scaling)}
     for section in ALGO_SECTIONS:
         kwargs = {
@@ -264,20 +331,22 @@ def build_algorithm_config(settings: RunnerConfig, spec: CompileSpec | None) -> 
         given = kwargs.get("model_config", {})
         if section == "rl_module" and isinstance(given, Mapping):
             merged = {**env.model_config, **given}
-            merged = {**image_model_defaults(env, merged), **merged}
+            merged = {**image_model_defaults(env, merged, spaces), **merged}
             if merged:
                 kwargs["model_config"] = merged
         if kwargs:
             call_builder(config, section, f"algo.{section}", kwargs)
     if not algo.multi_agent:
-        generated = generated_policies(env)
+        generated = generated_policies(env, agents)
         if generated:
             call_builder(config, "multi_agent", "env.policies", generated)
-    elif env.policies is not None:
-        raise ConfigError(
-            f"env.policies={env.policies.value} and algo.multi_agent both set the policies: "
-            "keep one"
-        )
+    else:
+        for name, value in (("policies", env.policies), ("opponent", env.opponent)):
+            if value is not None:
+                raise ConfigError(
+                    f"env.{name}={value.value} and algo.multi_agent both set the policies: keep one"
+                )
+    masking_modules(config, env, spaces, algo)
     if settings.eval.every:
         evaluation = evaluation_settings(settings.eval, config)
         for key in algo.evaluation.keys() & evaluation.keys() - {"evaluation_config"}:

@@ -90,7 +90,7 @@ class Check:
         if self.value is not None and self.value >= self.threshold:
             self.env_steps_to_threshold, self.seconds_to_threshold = env_steps, seconds
             return (
-                f"check passed: {self.metric} {self.value:.1f} >= {self.threshold:g} "
+                f"check passed: {self.metric} {self.value:.4g} >= {self.threshold:g} "
                 f"at {env_steps:,.0f} env steps"
             )
         if config.env_steps is not None and env_steps >= config.env_steps:
@@ -98,7 +98,7 @@ class Check:
         return None
 
     def _shortfall(self) -> str:
-        best = "no value" if self.best is None else f"best {self.best:.1f}"
+        best = "no value" if self.best is None else f"best {self.best:.4g}"
         budget = f" within {self.config.env_steps:,} env steps" if self.config.env_steps else ""
         threshold = "no threshold" if self.threshold is None else f"{self.threshold:g}"
         return f"{self.metric} {best} < {threshold}{budget}"

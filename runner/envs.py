@@ -13,7 +13,8 @@ EnvContext; a MultiAgentEnv makes the run multi-agent), a PettingZoo env functio
 (`env.pettingzoo`, called with env_config as keywords, in RLlib's own PettingZoo
 wrappers), and Atari ids wrapped as RLlib wraps Atari for the new API stack. Then
 `env.wrappers` in order, `env.framestack` (beyond Atari's own), and integer observations
-as floats (`float_observations`), on every single-agent env.
+as floats (`float_observations`), on every single-agent env; action masks as RLlib's
+masking RLModule takes them (runner/masking.py), on any env.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from runner.user_code import TARGET, check_arguments, import_module, locate, mat
 # env_config's reserved key: the env's settings, as a plain dict (pickled to each actor).
 SETTINGS_KEY = "_runner_env"
 # What `environment()` gets besides env and env_config is RLlib's, not the env's.
-_OWN_FIELDS = ("id", "entry_point", "pettingzoo", "atari", "framestack", "wrappers")
+_OWN_FIELDS = ("id", "entry_point", "pettingzoo", "atari", "framestack", "wrappers", "action_mask")
 SPELLINGS = ("id", "entry_point", "pettingzoo")
 
 
@@ -195,24 +196,31 @@ def float_observations(env: gym.Env) -> gym.Env:
 
 def _wrapped(env: Any, own: dict[str, Any]) -> Any:
     """`env.wrappers` in order, then `env.framestack` (Atari's wrapper stacks its own),
+    then action masks as the masking module takes them (unless env.action_mask=false),
     then integer observations as floats."""
+    from runner.masking import env_is_masked, with_masks
+
     stack = None if own["atari"] else own["framestack"]
-    if not own.get("wrappers") and not stack:
-        return float_observations(env) if isinstance(env, gym.Env) else env
-    if not isinstance(env, gym.Env):
-        raise ConfigError(
-            f"{setting(own)}: env.wrappers and env.framestack wrap single-agent gymnasium "
-            f"envs; this one is a {type(env).__qualname__}: wrap it in your env's own code"
-        )
-    for i, (wrapper, kwargs) in enumerate(wrappers(own)):
-        try:
-            env = wrapper(env, **kwargs)
-        except Exception as ex:
-            name = getattr(wrapper, "__qualname__", str(wrapper))
+    if own.get("wrappers") or stack:
+        if not isinstance(env, gym.Env):
             raise ConfigError(
-                f"env.wrappers[{i}]: {name}(env, ...) failed: {type(ex).__name__}: {ex}"
-            ) from ex
-    return float_observations(stack_frames(env, stack) if stack else env)
+                f"{setting(own)}: env.wrappers and env.framestack wrap single-agent gymnasium "
+                f"envs; this one is a {type(env).__qualname__}: wrap it in your env's own code"
+            )
+        for i, (wrapper, kwargs) in enumerate(wrappers(own)):
+            try:
+                env = wrapper(env, **kwargs)
+            except Exception as ex:
+                name = getattr(wrapper, "__qualname__", str(wrapper))
+                raise ConfigError(
+                    f"env.wrappers[{i}]: {name}(env, ...) failed: {type(ex).__name__}: {ex}"
+                ) from ex
+        if stack:
+            env = stack_frames(env, stack)
+    masked = isinstance(env, gym.Env | MultiAgentEnv) and env_is_masked(env)
+    if own.get("action_mask") is not False and masked:
+        env = with_masks(env)
+    return float_observations(env) if isinstance(env, gym.Env) else env
 
 
 def build(own: dict[str, Any], context: EnvContext, render_mode: str | None = None) -> Any:
@@ -294,38 +302,16 @@ def make_env(config: Any, render_mode: str | None = None) -> gym.Env | MultiAgen
     return _made_here(own, user_config, render_mode)
 
 
-def multi_agent_ids(env: EnvConfig) -> list[Any] | None:
-    """The agent ids of a multi-agent env, from one env built here; None for a
-    single-agent env (a gymnasium id, or an env class that is no MultiAgentEnv, is one
-    without building it)."""
-    if not env.entry_point and not env.pettingzoo:
-        return None
-    own = _own(env)
-    if env.entry_point:
-        maker = _maker(own)
-        if isinstance(maker, type) and not issubclass(maker, MultiAgentEnv):
-            return None
-    built = _made_here(own, dict(env.env_config), None)
+def observation_spaces(env: EnvConfig) -> tuple[list[Any] | None, dict[Any, gym.Space]]:
+    """A multi-agent env's agent ids (None for a single-agent env) and the observation
+    space each agent gets (under None for a single-agent env), as the EnvRunners' envs
+    have them: from one env built here."""
+    built = _made_here(_own(env), dict(env.env_config), None)
     try:
-        return agent_ids(built) if isinstance(built, MultiAgentEnv) else None
-    finally:
-        built.close()
-
-
-def single_agent_observation_space(env: EnvConfig) -> gym.Space | None:
-    """The observation space of a single-agent env, from one env built here; None for a
-    multi-agent one (a PettingZoo env, or a MultiAgentEnv class, is one without building
-    it)."""
-    if env.pettingzoo:
-        return None
-    own = _own(env)
-    if env.entry_point:
-        maker = _maker(own)
-        if isinstance(maker, type) and issubclass(maker, MultiAgentEnv):
-            return None
-    built = _made_here(own, dict(env.env_config), None)
-    try:
-        return None if isinstance(built, MultiAgentEnv) else built.observation_space
+        if isinstance(built, MultiAgentEnv):
+            agents = agent_ids(built)
+            return agents, {a: built.get_observation_space(a) for a in agents}
+        return None, {None: built.observation_space}
     finally:
         built.close()
 

@@ -83,6 +83,28 @@ def defaults(config_dir: str | Path) -> dict[str, str | None]:
     return picked
 
 
+def _folded(options: dict[str, str]) -> dict[str, str]:
+    """Options that differ by a suffix only, described as "<what> + <variant>." (compile's
+    backend + mode presets), on one line: `inductor_{default,ma,ro}  inductor + default /
+    max-autotune / reduce-overhead.`"""
+    families: dict[str, list[tuple[str, str]]] = {}
+    for name, line in options.items():
+        stem, _, suffix = name.rpartition("_")
+        what, plus, variant = line.rstrip(".").partition(" + ")
+        if stem and plus and what == stem:
+            families.setdefault(stem, []).append((suffix, variant))
+    folded: dict[str, str] = {}
+    for name, line in options.items():
+        stem = name.rpartition("_")[0]
+        family = families.get(stem, [])
+        if len(family) < 2:
+            folded[name] = line
+        elif family[0][0] == name.rpartition("_")[2]:  # the family's first: its one line
+            suffixes = ",".join(s for s, _ in family)
+            folded[f"{stem}_{{{suffixes}}}"] = f"{stem} + {' / '.join(v for _, v in family)}."
+    return folded
+
+
 def _rows(options: dict[str, str], indent: str) -> list[str]:
     width = max(map(len, options), default=0)
     return [f"{indent}{name.ljust(width)}  {line}".rstrip() for name, line in options.items()]
@@ -101,7 +123,7 @@ def text(config_dir: str) -> str:
         default = picked.get(group)
         lines.append(f"{group} (default: {default or 'none'})")
         if group != "experiment":
-            lines += _rows(options, "  ")
+            lines += _rows(_folded(options), "  ")
             continue
         tuned = {name: line for name, line in options.items() if name.startswith(TUNED)}
         others = [name for name in options if not name.startswith(TUNED)]

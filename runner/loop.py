@@ -27,6 +27,7 @@ from runner.callbacks import Callback, Iteration
 from runner.check import Check
 from runner.console import console
 from runner.errors import RunnerError, one_line
+from runner.masking import MAIN
 from runner.results import checkpoints, record
 from runner.results.files import flatten_numbers, headline
 from runner.shutdown import Watch, signal_name
@@ -169,7 +170,8 @@ class Training:
         reason to stop one gives is the run's."""
         run, progress, algo = self.run, self.progress, self.algo
         self.saved = None
-        row = headline(result, time.perf_counter() - run.start_time)
+        focus = MAIN if run.settings.env.opponent is not None else None
+        row = headline(result, time.perf_counter() - run.start_time, focus)
         carry_last_return(row, progress.rows[-1] if progress.rows else self.resumed_row)
         if run.spec is not None and run.spec.env_runners:
             from runner.compile import report as compile_report

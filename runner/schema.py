@@ -40,6 +40,12 @@ class Policies(str, Enum):
     per_agent = "per_agent"  # one policy per agent id, named after it
 
 
+class Opponent(str, Enum):
+    """Who a multi-agent game's other seats are, when they are not trained."""
+
+    random = "random"  # uniformly random legal moves (the action mask's ones)
+
+
 class LearnerGranularity(str, Enum):
     """What a Learner compiles: each sub-module's forward_train, or the whole update step."""
 
@@ -182,6 +188,14 @@ class EnvConfig:
     wrappers: list[Any] = field(default_factory=list)
     # A multi-agent env without algo.multi_agent: per_agent (null) or shared policies.
     policies: Policies | None = None
+    # Action masks (RLlib's action-masking RLModule, PPO's): null applies them where the
+    # observation is a Dict with an `action_mask` beside the observation (PettingZoo's
+    # classic games), true requires one, false leaves the Dict as it is.
+    action_mask: bool | None = None
+    # A multi-agent game against a policy that is not trained (`random`: uniformly random
+    # legal moves): the trained policy `main` takes one seat per game, in turn; the
+    # EnvRunners log its win_rate and loss_rate over the last 100 games.
+    opponent: Opponent | None = None
     # Extra keyword arguments for AlgorithmConfig.environment(), e.g. clip_rewards.
     environment: dict[str, Any] = field(default_factory=dict)
     # Env-specific model settings, merged under algo.rl_module.model_config.

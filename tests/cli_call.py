@@ -94,6 +94,27 @@ def _handlers() -> list[logging.StreamHandler]:
     return [h for h in found if isinstance(h, logging.StreamHandler)]
 
 
+class _Forward(io.TextIOBase):
+    """A handler's stream while a job runs: writes into the job's output; close() is a
+    no-op (the handler's own stream is given back afterwards)."""
+
+    def __init__(self, target: io.TextIOBase) -> None:
+        super().__init__()
+        self._target = target
+
+    def write(self, text: str) -> int:
+        with contextlib.suppress(ValueError):  # the job's output, closed after the job
+            self._target.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        with contextlib.suppress(ValueError):
+            self._target.flush()
+
+    def close(self) -> None:
+        pass
+
+
 @contextlib.contextmanager
 def _output_to(stdout: Path, stderr: Path) -> Iterator[None]:
     """File descriptors 1 and 2, and sys.stdout/sys.stderr, into the files (one file
@@ -120,15 +141,15 @@ def _output_to(stdout: Path, stderr: Path) -> Iterator[None]:
         )
         opened = [out] if err is out else [out, err]
         sys.stdout, sys.stderr = out, err
-        # Handlers made before (Ray's, absl's) write where the job's own do; Hydra's
-        # logging set-up closes every handler, and absl's closes a stream that is not
-        # sys.stdout or sys.stderr at that moment: this process's would be, and so would a
-        # stream an earlier phase of the test left in a handler (pytest's capsys).
+        # Handlers made before (Ray's, absl's) write where the job's own do, through a
+        # stream no one can close: Hydra's logging set-up closes every handler, and absl's
+        # closes its stream unless it is sys.stdout/sys.stderr at that moment, which this
+        # process's (or a stream an earlier phase of the test left, pytest's capsys) is not.
         for handler in _handlers():
             fixed = isinstance(getattr(type(handler), "stream", None), property)  # sys.stderr's
             if not fixed and not isinstance(handler, logging.FileHandler):
                 moved.append((handler, handler.stream))
-                handler.stream = out if handler.stream is saved_streams[0] else err
+                handler.stream = _Forward(out if handler.stream is saved_streams[0] else err)
         yield
     finally:
         for handler, stream in moved:

@@ -22,7 +22,7 @@ def test_check_passes_at_the_threshold_and_keeps_the_last_known_value():
     assert check.update({METRIC: 40.0}, 200, 1.0) is None
     assert check.update({}, 400, 2.0) is None  # no episode ended: 40 is still the value
     reason = check.update({METRIC: 120.0}, 600, 3.0)
-    assert reason == f"check passed: {METRIC} 120.0 >= 100 at 600 env steps"
+    assert reason == f"check passed: {METRIC} 120 >= 100 at 600 env steps"
     assert check.to_dict() == {
         "enabled": True,
         "metric": METRIC,
@@ -41,7 +41,7 @@ def test_check_fails_when_the_budget_is_spent():
     check = Check(CheckConfig(threshold=100.0, env_steps=1000))
     assert check.update({METRIC: 90.0}, 500, 1.0) is None
     assert check.update({METRIC: 80.0}, 1000, 2.0) == (
-        f"check failed: {METRIC} best 90.0 < 100 within 1,000 env steps"
+        f"check failed: {METRIC} best 90 < 100 within 1,000 env steps"
     )
     assert not check.passed
 
@@ -59,7 +59,7 @@ def test_a_check_on_evaluation_reads_the_evaluation_during_training():
     check = Check(CheckConfig(threshold=100.0, on=CheckOn.evaluation))
     assert check.update({METRIC: 150.0}, 200, 1.0) is None  # training's return: not read
     reason = check.update({f"evaluation/{METRIC}": 120.0}, 400, 2.0)
-    assert reason == f"check passed: evaluation/{METRIC} 120.0 >= 100 at 400 env steps"
+    assert reason == f"check passed: evaluation/{METRIC} 120 >= 100 at 400 env steps"
     with pytest.raises(ConfigError, match=r"check.on=evaluation .*: set eval.every"):
         prepared(["check.on=evaluation", "check.threshold=100"])
     job = prepared(["check.on=evaluation", "check.threshold=100", "eval.every=2"])

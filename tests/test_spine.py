@@ -58,6 +58,7 @@ LAYERS = [
     # mechanism: envs, compile, the AlgorithmConfig, the preflight, trained policies
     {
         "envs",
+        "masking",
         "compile",
         "compile.settings",
         "compile.onnxrt",

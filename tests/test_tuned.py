@@ -33,7 +33,12 @@ TUNED = {
     "tuned_ppo_lunarlander": (210.3, 1_000_000),
     # No source states one: the threshold is a random policy's return, measured by the run.
     "tuned_ppo_simple_spread": (None, 300_000),
+    # A win rate against random legal moves, RLlib's self-play example's threshold.
+    "tuned_ppo_tictactoe": (0.95, 500_000),
 }
+# Criteria on another metric than the return, and on the greedy evaluation.
+METRIC = {"tuned_ppo_tictactoe": "env_runners/win_rate"}
+EVALUATED = {"tuned_ppo_tictactoe"}
 
 
 def test_every_tuned_experiment_is_listed():
@@ -46,12 +51,15 @@ def test_tuned_experiment_states_its_pass_criterion(name: str):
     job = prepared([f"experiment={name}"])
     check = job.settings.check
     assert (check.threshold, check.env_steps) == TUNED[name]
-    assert check.enabled and check.metric == "env_runners/episode_return_mean"
-    assert check.on.value == ("evaluation" if check.source.startswith("rl-") else "training")
+    assert check.enabled
+    assert check.metric == METRIC.get(name, "env_runners/episode_return_mean")
+    evaluated = check.source.startswith("rl-") or name in EVALUATED
+    assert check.on.value == ("evaluation" if evaluated else "training")
     # The source names RLlib's example file (else RL Zoo's files, for an env RLlib has no
     # tuned example of), which the experiment's comment names too; with no source, the
     # threshold is measured against a random policy.
-    assert check.source.startswith(("rllib/examples/algorithms/", "rl-baselines3-zoo ")) or (
+    own = "the project's own settings; the threshold from rllib/examples/"
+    assert check.source.startswith(("rllib/examples/algorithms/", "rl-baselines3-zoo ", own)) or (
         check.baseline.value == "random" and "random policy" in check.source
     )
     assert check.source in (Path(CONFIG_DIR) / "experiment" / f"{name}.yaml").read_text()
@@ -94,6 +102,7 @@ TUNED_FILES = {
     "ppo_mountaincar": "tuned_ppo_mountaincar",
     "ppo_lunarlander": "tuned_ppo_lunarlander",
     "ppo_simple_spread": "tuned_ppo_simple_spread",
+    "ppo_tictactoe": "tuned_ppo_tictactoe",
 }
 
 

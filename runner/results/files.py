@@ -159,10 +159,16 @@ def return_points(rows: Iterable[dict[str, Any]]) -> list[tuple[float, float]]:
     return points
 
 
-def headline(result: dict, wall_seconds: float) -> dict[str, Any]:
-    """One iteration's figures, as printed and as the first fields of metrics.jsonl."""
+def headline(result: dict, wall_seconds: float, focus: str | None = None) -> dict[str, Any]:
+    """One iteration's figures, as printed and as the first fields of metrics.jsonl.
+    `focus`: the policy whose return is the run's (a game against an opponent: the
+    trained one's; the agents' sum, RLlib's episode_return_mean, is 0 in a zero-sum game)."""
+    paths = dict(HEADLINE)
+    if focus is not None:
+        for name in ("episode_return_mean", "eval_return_mean"):
+            paths[name] = (*paths[name][:-1], "module_episode_returns_mean", focus)
     row: dict[str, Any] = {"iteration": int(result["training_iteration"])}
-    row.update({name: json_safe(_dig(result, path)) for name, path in HEADLINE.items()})
+    row.update({name: json_safe(_dig(result, path)) for name, path in paths.items()})
     seconds = row["iteration_seconds"]
     steps = row["env_steps_this_iter"]
     row["env_steps_per_s"] = steps / seconds if steps and seconds else None
