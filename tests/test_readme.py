@@ -121,6 +121,13 @@ WAYS: dict[str, Way] = {
     "python -m runner env=atari env.id=ALE/Pong-v5 stop.iterations=2": Way(
         SMALL_BATCH, expect="done (iterations 2 >= 2)"
     ),
+    # Action masks: tests/test_masks.py trains env=tictactoe; the preset's 5 seeds: docs/tuned.md.
+    "python -m runner env=tictactoe stop.iterations=2": Way(
+        (*SMALL_BATCH, "dry_run=true"), expect="dry run: nothing started"
+    ),
+    "python -m runner experiment=tuned_ppo_tictactoe": Way(
+        ("dry_run=true",), expect="dry run: nothing started"
+    ),
     "python -m runner env.framestack=4 "
     "'env.wrappers=[{_target_:gymnasium.wrappers.TimeLimit,max_episode_steps:200}]' "
     "stop.iterations=2": Way(SMALL_BATCH, expect="done (iterations 2 >= 2)"),

@@ -226,3 +226,37 @@ def test_a_measured_threshold_names_the_random_policy_in_the_criterion():
     measured = {"threshold": -54.38, "baseline_return": -79.67, "baseline_stds": 1.0}
     assert report.criterion(measured) == "-54.4 (a random policy's -79.7 + 1 std)"
     assert report.criterion({"threshold": None, "baseline_return": None}) == "not measured"
+
+
+def test_a_criterion_on_a_win_rate_puts_the_win_rate_in_the_returns_place(tmp_path: Path):
+    """tuned_ppo_tictactoe's check is on the greedy evaluation's win rate: the table shows
+    each seed's last win rate (metrics.jsonl) and best (the check's), marked so."""
+    from runner.results import seeds
+
+    metric = "evaluation/env_runners/win_rate"
+    rows = []
+    for seed, (last, best) in enumerate([(0.96, 0.96), (0.9, 0.95), (0.97, 0.97)]):
+        job = tmp_path / str(seed)
+        job.mkdir()
+        lines = [{"iteration": 1, "metrics": {metric: 0.5}}, {"iteration": 2, "metrics": {}}]
+        lines.insert(1, {"iteration": 2, "metrics": {metric: last}})
+        (job / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+        check = {"enabled": True, "metric": metric, "threshold": 0.95, "passed": best >= 0.95}
+        check |= {"best": best, "env_steps_to_threshold": 1000 if best >= 0.95 else None}
+        check |= {"env_steps_budget": 5000, "source": "s"}
+        rows.append(
+            {
+                "_overrides": ["experiment=x", f"seed={seed}"],
+                "_dir": job,
+                "check": check,
+                "final_eval_return_mean": 0.0,  # a zero-sum game's sum: not what it judges
+                "wall_seconds": 1.0,
+            }
+        )
+    (row,) = seeds.group(rows, tmp_path, lambda r: "x")
+    assert row["return_of"] == "evaluation win_rate"
+    assert seeds.evaluated(row) == " (evaluation win_rate)"
+    assert row["final_return_iqm"] == pytest.approx(stats.trim_mean([0.96, 0.9, 0.97], 0.25))
+    assert row["best_return_iqm"] == pytest.approx(stats.trim_mean([0.96, 0.95, 0.97], 0.25))
+    assert seeds.interval_text(row, "final_return").startswith("0.94 [")
+    assert row["passed"] == 3

@@ -93,7 +93,7 @@ def interval_text(group: dict[str, Any], name: str, center: str = "iqm") -> str:
     point, low, high = (group[f"{name}_{part}"] for part in (center, "low", "high"))
     if point is None:
         return "-"
-    digits = 0 if abs(point) >= 100 else 1
+    digits = 0 if abs(point) >= 100 else 1 if abs(point) >= 1 else 2
     plain = " (mean)" if center == "iqm" and group["seeds"] < IQM_SEEDS else ""
     return f"{point:,.{digits}f} [{low:,.{digits}f}, {high:,.{digits}f}]{plain}"
 
@@ -142,9 +142,21 @@ def band(
 
 
 def evaluated(row: dict[str, Any]) -> str:
-    """A table's mark on a configuration's returns when they are its evaluation's (its
-    criterion is on them)."""
-    return " (evaluation)" if row.get("return_of") == "evaluation" else ""
+    """A table's mark on a configuration's returns when they are its evaluation's, or
+    another metric's (its criterion is on them): " (evaluation)", " (evaluation win_rate)"."""
+    of = row.get("return_of")
+    return "" if of in (None, "training") else f" ({of})"
+
+
+def last_value(job_dir: Path, metric: str) -> float | None:
+    """The newest value of `metric` (a flattened path, e.g. evaluation/env_runners/win_rate)
+    in the job's metrics.jsonl; None where no iteration has it."""
+    path = job_dir / "metrics.jsonl"
+    for line in reversed(path.read_text().splitlines() if path.is_file() else []):
+        value = json.loads(line).get("metrics", {}).get(metric)
+        if value is not None:
+            return float(value)
+    return None
 
 
 def group(rows: list[dict[str, Any]], out_dir: Path, label: Callable[[dict], str]) -> list[dict]:
@@ -177,14 +189,20 @@ def group(rows: list[dict[str, Any]], out_dir: Path, label: Callable[[dict], str
         }
         # The return the criterion is on: a check on evaluation (check.on=evaluation)
         # judges the evaluation's return, and so does the table.
-        on_evaluation = bool(checks) and str(checks[0].get("metric", "")).startswith("evaluation/")
+        # A criterion on another metric (a win rate) puts that metric in the return's place.
+        metric = str(checks[0].get("metric", "")) if checks else ""
+        on_evaluation = metric.startswith("evaluation/")
         row["return_of"] = "evaluation" if on_evaluation else "training"
         kind = "eval" if on_evaluation else "episode"
-        for name, key in (
-            ("final_return", f"final_{kind}_return_mean"),
-            ("best_return", f"best_{kind}_return_mean"),
-        ):
-            point, low, high = interval([r.get(key) for r in done], iqm)
+        finals = [r.get(f"final_{kind}_return_mean") for r in done]
+        bests = [r.get(f"best_{kind}_return_mean") for r in done]
+        if metric and not metric.endswith("episode_return_mean"):
+            name = metric.split("/")[-1]
+            row["return_of"] = f"evaluation {name}" if on_evaluation else name
+            finals = [last_value(Path(r["_dir"]), metric) if r.get("_dir") else None for r in done]
+            bests = [r["check"].get("best") for r in done]
+        for name, values in (("final_return", finals), ("best_return", bests)):
+            point, low, high = interval(values, iqm)
             row.update({f"{name}_iqm": point, f"{name}_low": low, f"{name}_high": high})
         point, low, high = interval(reached, median)
         row.update(
