@@ -25,7 +25,15 @@ from runner.compile.apply import add_to_config
 from runner.compile.settings import CompileSpec
 from runner.envs import environment_kwargs, observation_spaces, setting, wraps_atari
 from runner.errors import ConfigError, did_you_mean
-from runner.masking import MAIN, RANDOM, RandomLegalMoves, Seats, is_masked, log_game
+from runner.masking import (
+    MAIN,
+    RANDOM,
+    MaskedPPO,
+    RandomLegalMoves,
+    Seats,
+    is_masked,
+    log_game,
+)
 from runner.schema import (
     AlgoConfig,
     EnvConfig,
@@ -272,14 +280,11 @@ def masking_modules(
         return  # the user's own module (algo.rl_module.rl_module_spec) masks or not
     from ray.rllib.core.rl_module.multi_rl_module import MultiRLModuleSpec
     from ray.rllib.core.rl_module.rl_module import RLModuleSpec
-    from ray.rllib.examples.rl_modules.classes.action_masking_rlm import (
-        ActionMaskingTorchRLModule,
-    )
 
     def spec(policy: str) -> RLModuleSpec:
         if env.opponent == Opponent.random and policy == RANDOM:
             return RLModuleSpec(module_class=RandomLegalMoves)
-        return RLModuleSpec(module_class=ActionMaskingTorchRLModule if masked else None)
+        return RLModuleSpec(module_class=MaskedPPO if masked else None)
 
     if config.is_multi_agent:
         specs = {str(p): spec(str(p)) for p in config.policies}

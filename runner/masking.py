@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from ray.rllib.core.columns import Columns
 from ray.rllib.env.multi_agent_env import MultiAgentEnv
+from ray.rllib.examples.rl_modules.classes.action_masking_rlm import ActionMaskingTorchRLModule
 from ray.rllib.examples.rl_modules.classes.random_rlm import RandomRLModule
 
 MASK = "action_mask"
@@ -153,6 +154,25 @@ def env_is_masked(env: Any) -> bool:
     return is_masked(env.observation_space)
 
 
+class MaskedPPO(ActionMaskingTorchRLModule):
+    """RLlib's action-masking module (its example's), leaving the batch it acts on as it
+    was given: RLlib's pops the mask out of the caller's observation dict, so the same
+    input given twice (compile's parity check replays it) would hold no mask. Its
+    compute_values still leaves the mask in the batch, where its forward_train finds it."""
+
+    def _forward_inference(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        return super()._forward_inference(_untouched(batch), **kwargs)
+
+    def _forward_exploration(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        return super()._forward_exploration(_untouched(batch), **kwargs)
+
+
+def _untouched(batch: dict[str, Any]) -> dict[str, Any]:
+    """A copy of `batch` whose observation dict the module may change."""
+    obs = batch[Columns.OBS]
+    return {**batch, Columns.OBS: dict(obs)} if isinstance(obs, dict) else batch
+
+
 class RandomLegalMoves(RandomRLModule):
     """The opponent: a uniformly random legal move (among the action mask's ones), or any
     action for an observation without a mask. Not trained (RLlib's RandomRLModule)."""
@@ -178,11 +198,19 @@ class Seats:
         return MAIN if str(agent_id) == self.agents[seat] else RANDOM
 
 
+def episode_return(episode: Any) -> float:
+    """A finished episode's return as the run counts it: in a game against the opponent,
+    `main`'s; else RLlib's (the sum over agents)."""
+    mains = [a for a in getattr(episode, "agent_ids", ()) if episode.module_for(a) == MAIN]
+    if not mains:
+        return float(episode.get_return())
+    return float(sum(episode.agent_episodes[a].get_return() for a in mains))
+
+
 def log_game(*, episode: Any, metrics_logger: Any, **_: Any) -> None:
     """An on_episode_end callback: whether `main` won or lost the game that ended."""
-    mains = [a for a in episode.agent_ids if episode.module_for(a) == MAIN]
-    if not mains:
+    if not any(episode.module_for(a) == MAIN for a in episode.agent_ids):
         return
-    result = sum(episode.agent_episodes[a].get_return() for a in mains)
+    result = episode_return(episode)
     metrics_logger.log_value("win_rate", float(result > 0), reduce="mean", window=WINDOW)
     metrics_logger.log_value("loss_rate", float(result < 0), reduce="mean", window=WINDOW)

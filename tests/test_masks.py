@@ -6,6 +6,7 @@ logged. Env: tests/masked_env.py (it raises on a masked action)."""
 
 from __future__ import annotations
 
+import csv
 import zlib
 from pathlib import Path
 
@@ -14,12 +15,11 @@ import pytest
 import torch
 from conftest import TINY, prepared, run_cli
 from ray.rllib.core.columns import Columns
-from ray.rllib.examples.rl_modules.classes.action_masking_rlm import ActionMaskingTorchRLModule
 
 from runner.algorithm_config import build_module
 from runner.envs import make_env
 from runner.errors import ConfigError
-from runner.masking import MAIN, RANDOM, RandomLegalMoves, Seats
+from runner.masking import MAIN, RANDOM, MaskedPPO, RandomLegalMoves, Seats
 
 TESTS = Path(__file__).resolve().parent
 MASKED = ["env.id=null", "env.entry_point=masked_env:MaskedChoice"]
@@ -38,7 +38,7 @@ def test_a_masked_observation_reaches_the_masking_module_as_floats():
     assert set(obs) == {"observations", "action_mask"}
     assert obs["observations"].dtype == np.float32 and obs["action_mask"].dtype == np.float32
     assert set(np.unique(obs["observations"])) <= {0.0, 1.0}  # codes 0..3 scaled by bounds
-    assert config.rl_module_spec.module_class is ActionMaskingTorchRLModule
+    assert config.rl_module_spec.module_class is MaskedPPO
 
 
 def _masks(n: int, rng: np.random.Generator) -> torch.Tensor:
@@ -84,7 +84,7 @@ def test_tictactoe_plays_main_against_random_legal_moves_in_every_seat():
     config = prepared(TICTACTOE).config
     assert set(config.policies) == {MAIN, RANDOM} and config.policies_to_train == [MAIN]
     specs = config.rl_module_spec.rl_module_specs
-    assert specs[MAIN].module_class is ActionMaskingTorchRLModule
+    assert specs[MAIN].module_class is MaskedPPO
     assert specs[RANDOM].module_class is RandomLegalMoves
     seats = config.policy_mapping_fn
     assert isinstance(seats, Seats)
@@ -123,3 +123,11 @@ def test_tictactoe_trains_from_yaml_and_logs_mains_win_rate(tmp_path: Path):
     win, loss = (rows[-1]["metrics"][f"env_runners/{k}"] for k in ("win_rate", "loss_rate"))
     assert 0.0 <= win <= 1.0 and 0.0 <= loss <= 1.0 and win + loss <= 1.0
     assert "illegal" not in ran.stdout.lower()  # PettingZoo's warning on an illegal move
+    # Evaluated, a game's return is main's (+1 won, -1 lost, 0 a draw), not the sum (0).
+    evaluated = run_cli(
+        tmp_path, "task=evaluate", f"checkpoint={ran.run_dir}", "task.episodes=10", run_dir="eval"
+    )
+    assert evaluated.returncode == 0, evaluated.stderr
+    with (evaluated.run_dir / "episodes.csv").open() as f:
+        returns = [float(r["episode_return"]) for r in csv.DictReader(f)]
+    assert len(returns) == 10 and set(returns) <= {-1.0, 0.0, 1.0} and any(returns)

@@ -119,6 +119,8 @@ def log_episode(*, episode: Any, env_runner: EnvRunner, **_: Any) -> None:
     EnvRunner that ran it until the task collects them; the counter told."""
     import ray
 
+    from runner.masking import episode_return
+
     if _COUNTER_HANDLE not in env_runner.__dict__:
         try:
             env_runner.__dict__[_COUNTER_HANDLE] = ray.get_actor(_COUNTER)
@@ -131,7 +133,7 @@ def log_episode(*, episode: Any, env_runner: EnvRunner, **_: Any) -> None:
     rows.append(
         {
             "env_runner": env_runner.worker_index,
-            "episode_return": float(episode.get_return()),
+            "episode_return": episode_return(episode),
             "episode_len": len(episode),
         }
     )
