@@ -4,9 +4,10 @@ An env whose observation is a Dict with an `action_mask` beside the observation 
 (PettingZoo's classic games: `observation`/`action_mask`; RLlib's own examples:
 `observations`/`action_mask`) gets it as RLlib's action-masking RLModule expects it:
 `{"observations": float32 vector, "action_mask": float32 0/1}` (the observation flattened
-and, when it is integer, scaled to [0, 1] by its bounds), and the RLModule of RLlib's
-action-masking example (PPO's, the only one RLlib masks) adds log(mask) to the action
-logits, so a masked action has probability 0 when exploring, when greedy and in the loss.
+and, when it is integer, scaled to [0, 1] by its bounds), and `MaskedPPO`, PPO's module as
+RLlib's action-masking example masks it (PPO's: the only one RLlib has), adds log(mask)
+to the action logits, so a masked action has probability 0 when exploring, when greedy
+and in the loss.
 
 `env.opponent: random` plays a multi-agent game against uniformly random *legal* moves: one
 trained policy, `main`, takes one seat per episode (which one alternates by episode), the
@@ -23,10 +24,11 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import torch
+from ray.rllib.algorithms.ppo.torch.default_ppo_torch_rl_module import DefaultPPOTorchRLModule
 from ray.rllib.core.columns import Columns
 from ray.rllib.env.multi_agent_env import MultiAgentEnv
-from ray.rllib.examples.rl_modules.classes.action_masking_rlm import ActionMaskingTorchRLModule
 from ray.rllib.examples.rl_modules.classes.random_rlm import RandomRLModule
+from ray.rllib.utils.torch_utils import FLOAT_MIN
 
 MASK = "action_mask"
 OBSERVATIONS = "observations"
@@ -154,23 +156,53 @@ def env_is_masked(env: Any) -> bool:
     return is_masked(env.observation_space)
 
 
-class MaskedPPO(ActionMaskingTorchRLModule):
-    """RLlib's action-masking module (its example's), leaving the batch it acts on as it
-    was given: RLlib's pops the mask out of the caller's observation dict, so the same
-    input given twice (compile's parity check replays it) would hold no mask. Its
-    compute_values still leaves the mask in the batch, where its forward_train finds it."""
+class MaskedPPO(DefaultPPOTorchRLModule):
+    """PPO's RLModule with the action mask applied: log(mask) added to the action logits
+    in every forward pass, as RLlib's action-masking example does it
+    (rllib/examples/rl_modules/classes/action_masking_rlm.py), on PPO's current default
+    module (the example's base class is deprecated) and without changing the batch it is
+    given (the example pops the mask out of the caller's dict, so an input given twice,
+    as compile's parity check replays one, would hold no mask). Its encoders are built
+    for the observation without the mask."""
 
-    def _forward_inference(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
-        return super()._forward_inference(_untouched(batch), **kwargs)
+    def __init__(self, *, observation_space: gym.Space | None = None, **kwargs: Any) -> None:
+        if not isinstance(observation_space, gym.spaces.Dict) or set(observation_space.spaces) != {
+            OBSERVATIONS,
+            MASK,
+        }:
+            raise ValueError(
+                f"MaskedPPO takes {{'{OBSERVATIONS}': ..., '{MASK}': ...}} observations, "
+                f"not {observation_space}"
+            )
+        self.observation_space_with_mask = observation_space
+        super().__init__(observation_space=observation_space[OBSERVATIONS], **kwargs)
 
-    def _forward_exploration(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
-        return super()._forward_exploration(_untouched(batch), **kwargs)
+    def setup(self) -> None:
+        super().setup()  # the encoders, for the observation alone
+        self.observation_space = self.observation_space_with_mask
+
+    def _forward(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        return _masked(super()._forward(_without_mask(batch), **kwargs), batch)
+
+    def _forward_train(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        return _masked(super()._forward_train(_without_mask(batch), **kwargs), batch)
+
+    def compute_values(self, batch: dict[str, Any], embeddings: Any = None) -> Any:
+        return super().compute_values(_without_mask(batch), embeddings)
 
 
-def _untouched(batch: dict[str, Any]) -> dict[str, Any]:
-    """A copy of `batch` whose observation dict the module may change."""
+def _without_mask(batch: dict[str, Any]) -> dict[str, Any]:
+    """A new batch whose observation is the observation alone (the given one unchanged)."""
     obs = batch[Columns.OBS]
-    return {**batch, Columns.OBS: dict(obs)} if isinstance(obs, dict) else batch
+    return {**batch, Columns.OBS: obs[OBSERVATIONS]} if isinstance(obs, dict) else batch
+
+
+def _masked(out: dict[str, Any], batch: dict[str, Any]) -> dict[str, Any]:
+    """`out`'s action logits with the batch's masked actions at FLOAT_MIN: probability 0."""
+    mask = batch[Columns.OBS][MASK]
+    logits = out[Columns.ACTION_DIST_INPUTS]
+    out[Columns.ACTION_DIST_INPUTS] = logits + torch.clamp(torch.log(mask), min=FLOAT_MIN)
+    return out
 
 
 class RandomLegalMoves(RandomRLModule):
