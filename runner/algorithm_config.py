@@ -259,8 +259,8 @@ def masking_modules(
     config: AlgorithmConfig, env: EnvConfig, spaces: Mapping[Any, Any], algo: AlgoConfig
 ) -> None:
     """The RLModules an env's masks and opponent need, unless algo.rl_module names its
-    own: RLlib's action-masking module (PPO's, the one RLlib has) for every trained policy
-    where the observations hold an action mask, and random legal moves for the opponent."""
+    own: MaskedPPO (RLlib's action masking, which is PPO's) for every trained policy where
+    the observations hold an action mask, and random legal moves for the opponent."""
     masked = env.action_mask is not False and any(is_masked(s) for s in spaces.values())
     if env.action_mask and not masked:
         raise ConfigError(
