@@ -84,8 +84,10 @@ def job_row(job_dir: Path) -> dict[str, Any]:
     summary = _read_json(job_dir / SUMMARY)
     if summary:
         comp = summary.get("compile") or {}
-        row["final_episode_return_mean"] = summary.get("final_episode_return_mean")
-        row["best_episode_return_mean"] = summary.get("best_episode_return_mean")
+        for kind in ("episode", "eval"):  # eval: a criterion on the evaluation's return
+            for when in ("final", "best"):
+                key = f"{when}_{kind}_return_mean"
+                row[key] = summary.get(key)
         row["check"] = summary.get("check") or {}
         if row["wall_seconds"] is None:  # a run outside a sweep has no job.json
             row["wall_seconds"] = summary.get("wall_seconds")

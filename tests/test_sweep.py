@@ -260,3 +260,20 @@ def test_a_criterion_on_a_win_rate_puts_the_win_rate_in_the_returns_place(tmp_pa
     assert row["best_return_iqm"] == pytest.approx(stats.trim_mean([0.96, 0.95, 0.97], 0.25))
     assert seeds.interval_text(row, "final_return").startswith("0.94 [")
     assert row["passed"] == 3
+
+
+def test_a_job_row_carries_the_evaluation_returns(tmp_path: Path):
+    """A criterion on the evaluation's return needs the evaluation's returns in the rows
+    the seed table is made of (a job's summary.json has both kinds)."""
+    job = tmp_path / "0"
+    job.mkdir()
+    figures = {
+        f"{w}_{k}_return_mean": float(n)
+        for n, (w, k) in enumerate(
+            [("final", "episode"), ("best", "episode"), ("final", "eval"), ("best", "eval")]
+        )
+    }
+    (job / "summary.json").write_text(json.dumps({"check": {}, **figures}))
+    (job / "composed_overrides.yaml").write_text("- seed=0\n")
+    row = sweep.job_row(job)
+    assert {k: row[k] for k in figures} == figures
