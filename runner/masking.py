@@ -137,9 +137,6 @@ class MaskedAgents(MultiAgentEnv):
         observations, *rest = self.env.step(action_dict)
         return (self._observe(observations), *rest)
 
-    def render(self) -> Any:
-        return self.env.render()
-
     def close(self) -> None:
         self.env.close()
 

@@ -131,3 +131,11 @@ def test_tictactoe_trains_from_yaml_and_logs_mains_win_rate(tmp_path: Path):
     with (evaluated.run_dir / "episodes.csv").open() as f:
         returns = [float(r["episode_return"]) for r in csv.DictReader(f)]
     assert len(returns) == 10 and set(returns) <= {-1.0, 0.0, 1.0} and any(returns)
+
+
+def test_an_opponent_in_a_game_without_masks_plays_any_action():
+    config = prepared(["env=multi_agent_cartpole", "env.opponent=random"]).config
+    module = build_module(config, make_env(config))
+    assert type(module[MAIN]).__name__ == "DefaultPPOTorchRLModule"  # nothing to mask
+    moves = module[RANDOM].forward_exploration({Columns.OBS: torch.zeros(200, 4)})
+    assert set(np.asarray(moves[Columns.ACTIONS]).tolist()) == {0, 1}
