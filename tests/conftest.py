@@ -125,6 +125,13 @@ def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
         return compose(config_name="config", overrides=list(overrides))
 
 
+@pytest.fixture
+def tests_importable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """tests/ on sys.path, so a config can name a test env (image_env:TinyImages,
+    masked_env:MaskedChoice) by import path; taken off again after the test."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent))
+
+
 def prepared(overrides: list[str] | tuple[str, ...] = ()) -> Prepared:
     """Typed settings, task, compile spec, AlgorithmConfig and plan, as a run makes them."""
     return prepare(typed(compose_config(overrides)))

@@ -26,9 +26,7 @@ MASKED = ["env.id=null", "env.entry_point=masked_env:MaskedChoice"]
 TICTACTOE = ["env=tictactoe"]
 
 
-@pytest.fixture(autouse=True)
-def _masked_env_importable(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.syspath_prepend(str(TESTS))
+pytestmark = pytest.mark.usefixtures("tests_importable")
 
 
 def test_a_masked_observation_reaches_the_masking_module_as_floats():

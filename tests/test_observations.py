@@ -21,9 +21,7 @@ TESTS = Path(__file__).resolve().parent
 IMAGES = ["env.id=null", "env.entry_point=image_env:TinyImages"]
 
 
-@pytest.fixture(autouse=True)
-def _image_env_importable(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.syspath_prepend(str(TESTS))
+pytestmark = pytest.mark.usefixtures("tests_importable")
 
 
 def test_integer_pixels_reach_rllib_as_floats_in_0_1():
