@@ -132,6 +132,15 @@ def tests_importable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent))
 
 
+@pytest.fixture
+def joins_shared_ray(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`runner.run()` in this test joins the test process's shared Ray (RAY_ADDRESS), as
+    the CLI runs do: a Ray of its own costs about 4 s to start and stop, and where the
+    test is not about that Ray (test_ray_session's are) it buys nothing."""
+    for key, value in shared_ray.env().items():
+        monkeypatch.setenv(key, value)
+
+
 def prepared(overrides: list[str] | tuple[str, ...] = ()) -> Prepared:
     """Typed settings, task, compile spec, AlgorithmConfig and plan, as a run makes them."""
     return prepare(typed(compose_config(overrides)))

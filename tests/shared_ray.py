@@ -30,6 +30,8 @@ from pathlib import Path
 from runner.ray_session import LOCAL_SYSTEM_CONFIG
 
 HOST = "127.0.0.1"
+ROOT = Path(__file__).resolve().parent.parent
+USER_CODE = [str(ROOT / "tests"), str(ROOT / "examples" / "my_rl_pkg")]
 # What a run must not inherit from this Ray's environment to start a Ray of its own.
 KEYS = ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN")
 
@@ -81,6 +83,9 @@ class SharedRay:
         env.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": self.token})
         # A Ray job's `python` is this environment's, activated or not.
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+        # Its workers import what the tests' runs name as a user's installed code would be
+        # imported: the test envs (tests/) and the example package (examples/my_rl_pkg).
+        env["PYTHONPATH"] = os.pathsep.join([*USER_CODE, env.get("PYTHONPATH", "")])
         # The Jobs server hands a job to the head's dashboard agent, whose HTTP port is
         # 52365 unless given: beside another Ray on this machine (the other test worker's)
         # it would not start, and every submission would find "No available agent".

@@ -23,8 +23,8 @@ SMALL = [*TINY, "stop.iterations=2", "checkpoint.at_end=false"]
 
 def run_with_package(cwd: Path, *args: str) -> CliResult:
     """`python -m runner` with the example package importable, as if pip-installed: on
-    PYTHONPATH, which a Ray of the run's own passes on to its actors."""
-    return run_cli(cwd, *args, env={"PYTHONPATH": str(EXAMPLE)}, own_ray=True)
+    the driver's PYTHONPATH, and the shared Ray's workers have it (tests/shared_ray.py)."""
+    return run_cli(cwd, *args, env={"PYTHONPATH": str(EXAMPLE)})
 
 
 def last_metrics(result: CliResult) -> dict[str, float]:

@@ -49,6 +49,7 @@ def test_wrappers_apply_in_order_with_their_keywords():
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("joins_shared_ray")
 def test_a_remote_env_runner_builds_the_wrapped_stacked_env(tmp_path: Path, monkeypatch):
     """The Learner's module is built from the spaces the remote EnvRunner's env has."""
     monkeypatch.chdir(tmp_path)
@@ -87,6 +88,7 @@ def test_a_multi_agent_env_gets_a_policy_per_agent_or_one_shared():
     ],
     ids=["ppo-per_agent", "appo-shared"],
 )
+@pytest.mark.usefixtures("joins_shared_ray")
 def test_multi_agent_cartpole_trains_with_no_policies_declared(
     tmp_path: Path, monkeypatch, overrides: list[str], expected: set[str]
 ):
@@ -117,6 +119,7 @@ def test_a_pettingzoo_game_gets_a_policy_per_agent_or_one_shared():
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("joins_shared_ray")
 def test_a_pettingzoo_game_trains_per_agent_and_shared_and_evaluates(tmp_path: Path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     game = ["env=simple_spread", "stop.iterations=1"]
@@ -140,6 +143,7 @@ def test_a_pettingzoo_game_trains_per_agent_and_shared_and_evaluates(tmp_path: P
 
 
 @pytest.mark.slow  # it trains
+@pytest.mark.usefixtures("joins_shared_ray")
 def test_minigrid_trains_with_its_wrappers_from_yaml_alone(tmp_path: Path, monkeypatch):
     """examples/minigrid: MiniGrid's dict observation, made its 7x7x3 view by the env file's
     one wrapper, reaches the RLModule the run trains as floats in [0, 1], through a conv

@@ -731,6 +731,7 @@ def test_a_checkpoint_that_fails_to_write_leaves_the_earlier_ones(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("joins_shared_ray")
 def test_a_run_record_the_full_disk_refused_is_no_success(tmp_path: Path, monkeypatch):
     """summary.json is written after the task: where the disk refuses it (an OSError, as a
     full disk raises), a finished run fails on that, in one line; the checkpoints and
@@ -768,7 +769,6 @@ def test_an_env_runner_error_that_repeats_fails_the_run_in_one_line(tmp_path: Pa
         "checkpoint.at_end=true",
         env=WITH_TESTS,
         timeout=120,
-        own_ray=True,  # its EnvRunner imports faulty_env from PYTHONPATH
     )
     assert result.returncode == 1, result.stderr[-3000:]
     last = result.stderr.strip().splitlines()[-1]

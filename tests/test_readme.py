@@ -447,14 +447,15 @@ def test_first_screen_goes_from_install_to_search():
 
 @pytest.mark.slow
 def test_python_api_example_runs(tmp_path: Path):
-    """The README's Python API example, as a user saves and runs it (its outputs/ here)."""
+    """The README's Python API example, as a user saves and runs it (its outputs/ here),
+    in a Ray job's environment: it joins the shared Ray (its own Ray is the main job's)."""
     (script,) = python_blocks("Python API")
     (tmp_path / "home").mkdir()
     (tmp_path / "example.py").write_text(script)
     proc = subprocess.run(
         [sys.executable, "example.py"],
         cwd=tmp_path,
-        env=_env(tmp_path / "home"),
+        env=_env(tmp_path / "home", cli_env()),
         capture_output=True,
         text=True,
         timeout=600,

@@ -209,6 +209,7 @@ def test_python_api_composes_typed_settings_and_refuses_a_typo():
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("joins_shared_ray")
 def test_python_api_runs_a_job_and_returns_its_summary(tmp_path: Path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     summary = runner.run([*TINY, "stop.iterations=1", "checkpoint.at_end=false"])
@@ -229,6 +230,7 @@ def test_unique_dir_suffixes_a_taken_name(tmp_path: Path):
 
 
 @pytest.mark.slow  # it trains
+@pytest.mark.usefixtures("joins_shared_ray")
 def test_a_run_from_the_python_api_is_in_the_report(tmp_path: Path, monkeypatch, capsys):
     """A run started from `runner.run()` writes its own config and overrides (no Hydra
     files), so the report's verification table takes it as it takes a CLI run."""
