@@ -325,8 +325,9 @@ def test_interrupted_search_exits_130_and_resume_finishes_it(tmp_path: Path):
     # A budget of 8 iterations a trial, so the signal lands while the search runs (with 4,
     # a fast machine could finish the search before Tune's result files showed two).
     args = [*SMALL_SEARCH, "stop.env_steps=4000", "task.num_samples=4", "hydra.run.dir=first"]
-    # The CLI as a process of its own (the signal's target), with a Ray of its own.
-    search = cli_call.start(tmp_path, args, cli_env(own_ray=True), merged=False)
+    # The CLI as a process of its own (the signal's target), its trials on the shared Ray
+    # (a Ray of the search's own is tests/test_faults.py's sweep's).
+    search = cli_call.start(tmp_path, args, cli_env(), merged=False)
     try:
         _wait_for_results(tmp_path / "first" / "tune", 2, timeout=240)
         os.kill(search.pid, signal.SIGINT)
