@@ -730,6 +730,30 @@ def test_a_checkpoint_that_fails_to_write_leaves_the_earlier_ones(tmp_path):
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["iter_000001"]
 
 
+def test_a_resumed_trial_supersedes_the_checkpoint_its_interrupted_attempt_left(tmp_path):
+    """A search resumed on the Ray session it was interrupted on (tests/test_tune.py's, on
+    the shared Ray) finds its trial dir as it was: the iteration it repeats is saved over
+    the abandoned attempt's (a rename onto it failed with 'Directory not empty')."""
+
+    class Trial:
+        iteration = 8
+
+        def save_to_path(self, path: str) -> None:
+            Path(path).mkdir(parents=True)
+            (Path(path) / "algorithm_state.pkl").write_bytes(b"resumed")
+
+    scratch = tmp_path / "working_dir"
+    abandoned = checkpoints.checkpoint_dir(tmp_path, 8)
+    abandoned.mkdir(parents=True)
+    (abandoned / "algorithm_state.pkl").write_bytes(b"abandoned")
+    (abandoned / "learner_group").mkdir()
+    saved = checkpoints.save(Trial(), tmp_path, {"iteration": 8}, scratch=scratch)
+    assert saved == abandoned and (saved / "algorithm_state.pkl").read_bytes() == b"resumed"
+    assert not (saved / "learner_group").exists()
+    assert checkpoints.problem(saved) is None
+    assert list(scratch.iterdir()) == []
+
+
 @pytest.mark.slow
 @pytest.mark.usefixtures("joins_shared_ray")
 def test_a_run_record_the_full_disk_refused_is_no_success(tmp_path: Path, monkeypatch):

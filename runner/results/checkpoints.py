@@ -71,11 +71,26 @@ def save(
         verify()
         files = {str(p.relative_to(temporary)): _sha256(p) for p in _files(temporary)}
         write_json(temporary / MANIFEST, {**facts, "versions": versions(), "files": files})
-        temporary.rename(final)  # a run dir is never written twice: `final` is new
+        if final.exists():
+            _supersede(final, temporary)
+        else:
+            temporary.rename(final)
     except BaseException:
         shutil.rmtree(temporary, ignore_errors=True)
         raise
     return final
+
+
+def _supersede(final: Path, temporary: Path) -> None:
+    """A Tune trial resumed on the Ray session it was interrupted on (a cluster's) finds
+    its trial dir as it was left, and repeats the iterations after its last reported
+    checkpoint: the new timeline's checkpoint replaces the abandoned one's. (A training
+    run's dir is new, so its checkpoints never meet one.)"""
+    stale = temporary.with_name(f".{final.name}.superseded")
+    shutil.rmtree(stale, ignore_errors=True)
+    final.rename(stale)
+    temporary.rename(final)
+    shutil.rmtree(stale, ignore_errors=True)
 
 
 def manifest(checkpoint: Path) -> dict[str, Any] | None:
