@@ -85,7 +85,7 @@ class SharedRay:
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
         # Its workers import what the tests' runs name as a user's installed code would be
         # imported: the test envs (tests/) and the example package (examples/my_rl_pkg).
-        env["PYTHONPATH"] = os.pathsep.join([*USER_CODE, env.get("PYTHONPATH", "")])
+        env["PYTHONPATH"] = os.pathsep.join(p for p in [*USER_CODE, env.get("PYTHONPATH")] if p)
         # The Jobs server hands a job to the head's dashboard agent, whose HTTP port is
         # 52365 unless given: beside another Ray on this machine (the other test worker's)
         # it would not start, and every submission would find "No available agent".
