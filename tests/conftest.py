@@ -75,17 +75,22 @@ def _dispatch_order(item: pytest.Item) -> tuple[bool, bool, bool]:
     return alone or _ray_free(item), _ray_free(item), quick
 
 
+# Tests of another environment, CI's second lane: `ipex` needs the ipex extra (torch 2.8),
+# `box` makes a Python 3.12 venv like the GPU machine (about 5 GB, kept between runs).
+SECOND_LANE = ("ipex", "box")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The ipex tests need the ipex extra (CI's second lane): left out unless an -m
-    expression names ipex. The rest in the order `_dispatch_order` gives (a stable sort:
-    a module's grouped tests keep theirs)."""
+    """The second lane's tests are left out unless an -m expression names their marker.
+    The rest in the order `_dispatch_order` gives (a stable sort: a module's grouped tests
+    keep theirs)."""
     items.sort(key=_dispatch_order)
-    if "ipex" in (config.getoption("markexpr") or ""):
-        return
-    ipex = [item for item in items if item.get_closest_marker("ipex")]
-    if ipex:
-        config.hook.pytest_deselected(items=ipex)
-        items[:] = [item for item in items if not item.get_closest_marker("ipex")]
+    named = config.getoption("markexpr") or ""
+    left_out = [m for m in SECOND_LANE if m not in named]
+    other = [item for item in items if any(item.get_closest_marker(m) for m in left_out)]
+    if other:
+        config.hook.pytest_deselected(items=other)
+        items[:] = [item for item in items if item not in other]
 
 
 @contextlib.contextmanager

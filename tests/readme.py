@@ -28,7 +28,7 @@ PROGRAMS = ("python ", "python3 ", "bash ", "ray ", "tensorboard ", "pip ")
 SETUP = {
     "main": "python -m runner",
     "test": "python -m pytest -q",
-    "ipex": "python -m pytest -q -m ipex",
+    "ipex": 'python -m pytest -q -m "ipex or box"',
 }
 HEADING = re.compile(r"^#{1,2} (.+)$")
 GENERATED = re.compile(r"^<!-- [\w-]+:(begin|end) -->$")

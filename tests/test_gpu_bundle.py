@@ -198,6 +198,7 @@ def check_ray_wheel(path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.box
 def test_bundle_builds_fits_and_plans_on_a_bare_python312(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ):

@@ -68,7 +68,7 @@ WAYS: dict[str, Way] = {
     "python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 "
     "-e '.[test]' && python -m pytest -q": SET_UP,
     "python3 -m venv .venv-ipex && . .venv-ipex/bin/activate && pip install "
-    "-e '.[test,ipex]' && python -m pytest -q -m ipex": SET_UP,
+    "-e '.[test,ipex]' && python -m pytest -q -m \"ipex or box\"": SET_UP,
     # Quick start and Config groups
     "python -m runner --help": Way(expect="tuned presets"),  # runner/help.py's page
     "python -m runner --cfg job": Way(expect="num_env_runners:"),
