@@ -15,7 +15,7 @@ from runner.compile.settings import CompileSpec
 from runner.envs import check_spelling
 from runner.errors import ConfigError
 from runner.results import remote
-from runner.schema import AUTO, CheckOn, LoggerConfig, RunnerConfig, ScalingConfig
+from runner.schema import AUTO, AlgoConfig, CheckOn, LoggerConfig, RunnerConfig, ScalingConfig
 from runner.tasks.base import Task
 
 # Scaling keys that must be whole numbers >= this bound (RLlib itself does not check).
@@ -145,12 +145,28 @@ def check_loggers(logger: LoggerConfig) -> None:
         wandb_logger.check_ready(logger.wandb)
 
 
+def check_n_step(algo: AlgoConfig) -> None:
+    """DQN's n_step may be a range ([2, 5]: RLlib's tuned CartPole example), and RLlib's
+    DQN validation compares an explicit rollout_fragment_length with it, which a range
+    fails with a TypeError: one line naming both settings instead."""
+    n_step = algo.training.get("n_step")
+    fragment = algo.env_runners.get("rollout_fragment_length", "auto")
+    if algo.name == "DQN" and isinstance(n_step, list | tuple) and fragment != "auto":
+        raise ConfigError(
+            f"algo.env_runners.rollout_fragment_length={fragment} with algo.training.n_step="
+            f"{list(n_step)}: RLlib's DQN checks a fragment length against one n-step value, "
+            f"not a range; give one (e.g. algo.training.n_step={max(n_step)}), or leave "
+            "rollout_fragment_length at auto"
+        )
+
+
 def validate(settings: RunnerConfig, task: Task) -> tuple[CompileSpec | None, list[str]]:
     """Raise ConfigError on the first bad setting; else the compile spec (None: compile
     off, or a task that compiles nothing) and the warnings for settings that go unused."""
     check_spelling(settings.env)
     check_scaling(settings.scaling)
     check_run(settings)
+    check_n_step(settings.algo)
     spec, warnings = compile_settings.resolve(settings.compile) if task.uses_compile else (None, [])
     if spec is not None and spec.backend == AUTO:
         if not task.compile_auto:

@@ -36,6 +36,13 @@ CASES = {
         "unknown config key 'task.num_samples': no setting reads it",
     ),
     "unknown group option": (["compile=inductr"], "unknown option 'inductr' for config group"),
+    # RLlib's own check fails on the tuned file's n_step range with a TypeError.
+    "a DQN fragment length beside an n-step range": (
+        ["experiment=tuned_dqn_cartpole", "+algo.env_runners.rollout_fragment_length=4"],
+        "algo.env_runners.rollout_fragment_length=4 with algo.training.n_step=[2, 5]: RLlib's "
+        "DQN checks a fragment length against one n-step value, not a range; give one (e.g. "
+        "algo.training.n_step=5), or leave rollout_fragment_length at auto",
+    ),
     "negative EnvRunner count": (["scaling.num_env_runners=-1"], "num_env_runners must be >= 0"),
     "fractional EnvRunner count": (
         ["scaling.num_env_runners=1.5"],
