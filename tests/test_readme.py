@@ -64,9 +64,9 @@ WAYS: dict[str, Way] = {
     # README, Quick start and Tests: the set-up commands are what .ci/run runs (see
     # test_ci_runs_...); the first screen's others run in the sections that show them again.
     "python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 "
-    "-e . && python -m runner": SET_UP,
+    "uv && uv pip install -e . && python -m runner": SET_UP,
     "python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 "
-    "-e '.[test]' && python -m pytest -q": SET_UP,
+    "uv && uv pip install -e '.[test]' && python -m pytest -q": SET_UP,
     "python3 -m venv .venv-ipex && . .venv-ipex/bin/activate && pip install "
     "-e '.[test,ipex]' && python -m pytest -q -m \"ipex or box\"": SET_UP,
     # Quick start and Config groups
