@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from rich.table import Table
 
-from runner import machine, placement, preflight, tasks
+from runner import machine, placement, preflight, scaling_auto, tasks
 from runner.algorithm_config import build_algorithm_config, default_config_for
 from runner.compile.apply import add_to_config
 from runner.compile.settings import CompileSpec
@@ -88,6 +88,12 @@ def prepare(settings: RunnerConfig, resources: machine.Resources | None = None) 
     return Prepared(
         settings, task, spec, warnings + placed.warnings, config, plan, resources, placed
     )
+
+
+def planned(settings: RunnerConfig, resources: machine.Resources) -> tuple[AlgorithmConfig, Plan]:
+    """The AlgorithmConfig and plan `prepare` makes: scaling=auto plans each layout so."""
+    prepared = prepare(settings, resources)
+    return prepared.config, prepared.plan
 
 
 def _changed_settings(config: AlgorithmConfig, algo_name: str) -> dict[str, Any]:
@@ -174,8 +180,6 @@ def run(job: Job, start_time: float, attempt: Path | None = None) -> dict[str, A
             cfg.task.checkpoint = str(checkpoint)
         job = replace(job, cfg=cfg, overrides=overrides, choices={**job.choices, **choices})
     (run_dir / OVERRIDES).write_text(yaml.safe_dump(job.overrides))
-    (run_dir / CONFIG).write_text(OmegaConf.to_yaml(cfg, resolve=True))
-
     settings = typed(cfg)
     address = cluster_address(settings.ray)
     cluster = None
@@ -184,6 +188,13 @@ def run(job: Job, start_time: float, attempt: Path | None = None) -> dict[str, A
             console.print(joined)
         start_ray(settings.ray, settings.compile.cache_dir)
         cluster = machine.cluster_resources(address)
+    layout = None
+    if settings.scaling.auto.enabled:  # measured before anything else is built
+        here = cluster or machine.local_resources(settings.ray)
+        settings, layout = scaling_auto.choose(settings, here, planned)
+        console.print(scaling_auto.describe(layout))
+        cfg.scaling = OmegaConf.structured(settings.scaling)  # the run dir's config: the choice
+    (run_dir / CONFIG).write_text(OmegaConf.to_yaml(cfg, resolve=True))
     prepared = prepare(settings, cluster)
     resources = prepared.resources
     mirror = None
@@ -214,7 +225,8 @@ def run(job: Job, start_time: float, attempt: Path | None = None) -> dict[str, A
         if prepared.spec is not None and prepared.spec.backend == AUTO:
             console.print("compile=auto: measured (or read from its cache) when the run starts")
         mirrored = f" (results.uri: {mirror.uri} takes a write)" if mirror else ""
-        console.print(f"dry run: nothing started; files in {run_dir}{mirrored}")
+        done = "nothing trained" if layout else "nothing started"
+        console.print(f"dry run: {done}; files in {run_dir}{mirrored}")
         return {**totals, "preflight_problems": report.problems}
     if not report.ok:
         raise PreflightError("; ".join(report.problems))
@@ -246,6 +258,7 @@ def run(job: Job, start_time: float, attempt: Path | None = None) -> dict[str, A
                     "overrides": job.overrides,
                     "choices": job.choices,
                     **provenance(settings, prepared.resources, job.choices),
+                    **({"scaling_auto": layout} if layout else {}),
                     **(task_run.record if task_run is not None else {}),
                 },
             )

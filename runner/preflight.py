@@ -165,7 +165,7 @@ def _shared_gpu_learners(config: AlgorithmConfig) -> list[str]:
     ]
 
 
-def _cpu_shortfall(plan: Plan, res: Resources) -> tuple[list[str], list[str]]:
+def cpu_shortfall(plan: Plan, res: Resources) -> tuple[list[str], list[str]]:
     """Actors beyond Ray's CPUs hang, so that fails; the driver sharing a core only warns.
     Async env processes, which Ray does not count, fail past two per CPU (each would step
     on under half a core: slower than sync vectorization) and warn past the CPUs."""
@@ -379,7 +379,7 @@ def check(
     )
     report.problems += _kernel_problems(settings, res)
     report.problems += _shared_gpu_learners(config)
-    cpu_problems, cpu_warnings = _cpu_shortfall(plan, res)
+    cpu_problems, cpu_warnings = cpu_shortfall(plan, res)
     report.problems += cpu_problems
     report.warnings += cpu_warnings
     report.problems += _compile_auto_devices(settings, spec, res)

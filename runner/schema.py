@@ -118,6 +118,24 @@ class CompileConfig:
 
 
 @dataclass
+class ScalingAutoConfig:
+    """scaling=auto: the sampling layouts that compete, how long each samples, and where
+    the measurements are cached (runner/scaling_auto.py)."""
+
+    enabled: bool = False
+    # Each count that fits the CPU plan on the machine the run plans on competes.
+    env_runners: list[int] = field(default_factory=lambda: [0, 1, 2, 4, 8, 16, 32, 64])
+    envs_per_env_runner: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
+    vectorize_modes: list[str] = field(default_factory=lambda: ["sync", "async"])
+    seconds: float = 2.0  # timed sampling per layout, after one warm-up round
+    # A layout replaces the configured one only if it samples this fraction faster.
+    margin: float = 0.05
+    refresh: bool = False  # measure again, ignoring (and replacing) a cached measurement
+    # null: $XDG_CACHE_HOME/rllib-runner/scaling-auto (~/.cache/...); `~` is expanded.
+    cache_dir: str | None = None
+
+
+@dataclass
 class ScalingConfig:
     """RLlib's three scaling axes and the resources of each actor.
 
@@ -138,6 +156,7 @@ class ScalingConfig:
     num_learners: int | None = None
     num_gpus_per_learner: float | None = None
     num_cpus_per_learner: float | None = None
+    auto: ScalingAutoConfig = field(default_factory=ScalingAutoConfig)
 
 
 @dataclass
@@ -530,5 +549,6 @@ def typed(cfg: DictConfig) -> RunnerConfig:
     settings: RunnerConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]  # its node's type
     settings.compile.cache_dir = _expand(settings.compile.cache_dir)
     settings.compile.auto.cache_dir = _expand(settings.compile.auto.cache_dir)
+    settings.scaling.auto.cache_dir = _expand(settings.scaling.auto.cache_dir)
     settings.resume = _expand(settings.resume)
     return settings

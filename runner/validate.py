@@ -10,6 +10,7 @@ preflight (runner/preflight.py).
 
 from __future__ import annotations
 
+from runner import scaling_auto
 from runner.compile import settings as compile_settings
 from runner.compile.settings import CompileSpec
 from runner.envs import check_spelling
@@ -165,6 +166,8 @@ def validate(settings: RunnerConfig, task: Task) -> tuple[CompileSpec | None, li
     off, or a task that compiles nothing) and the warnings for settings that go unused."""
     check_spelling(settings.env)
     check_scaling(settings.scaling)
+    if settings.scaling.auto.enabled:
+        scaling_auto.check(settings)
     check_run(settings)
     check_n_step(settings.algo)
     spec, warnings = compile_settings.resolve(settings.compile) if task.uses_compile else (None, [])

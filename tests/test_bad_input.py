@@ -44,6 +44,18 @@ CASES = {
         "algo.training.n_step=5), or leave rollout_fragment_length at auto",
     ),
     "negative EnvRunner count": (["scaling.num_env_runners=-1"], "num_env_runners must be >= 0"),
+    "scaling=auto for a task that is not one training run": (
+        ["scaling=auto", "task=evaluate"],
+        "scaling=auto picks the layout of one training run, not task=evaluate's",
+    ),
+    "scaling=auto beside compile=auto": (
+        ["scaling=auto", "compile=auto"],
+        "scaling=auto and compile=auto each measure with the other's choice fixed",
+    ),
+    "scaling=auto with an unknown vectorization": (
+        ["scaling=auto", "scaling.auto.vectorize_modes=[sync,asnyc]"],
+        "scaling.auto.vectorize_modes must name some of sync, async",
+    ),
     "fractional EnvRunner count": (
         ["scaling.num_env_runners=1.5"],
         "could not be converted to Integer",

@@ -64,9 +64,9 @@ WAYS: dict[str, Way] = {
     # README, Quick start and Tests: the set-up commands are what .ci/run runs (see
     # test_ci_runs_...); the first screen's others run in the sections that show them again.
     "python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 "
-    "uv && uv pip install -e . && python -m runner": SET_UP,
+    "uv && uv pip install --compile-bytecode -e . && python -m runner": SET_UP,
     "python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 "
-    "uv && uv pip install -e '.[test]' && python -m pytest -q": SET_UP,
+    "uv && uv pip install --compile-bytecode -e '.[test]' && python -m pytest -q": SET_UP,
     "python3 -m venv .venv-ipex && . .venv-ipex/bin/activate && pip install "
     "-e '.[test,ipex]' && python -m pytest -q -m \"ipex or box\"": SET_UP,
     # Quick start and Config groups
@@ -204,6 +204,25 @@ WAYS: dict[str, Way] = {
         expect="refreshed docs/compile.md",
     ),
     "python benchmarks/onnx_exporters.py": Way(("--calls", "50"), expect="torchscript "),
+    # docs/benchmarks.md, scaling=auto: two layouts in the main process, then the benchmark's
+    # main workload on this machine, one iteration a side.
+    "python -m runner scaling=auto dry_run=true": Way(
+        (
+            "scaling.auto.env_runners=[0]",
+            "scaling.auto.envs_per_env_runner=[8,16]",
+            "scaling.auto.vectorize_modes=[sync]",
+            "scaling.auto.seconds=0.5",
+        ),
+        expect="scaling=auto chose",
+    ),
+    "python benchmarks/scaling_auto.py --repeats 3 --cpus 0,8 --readme docs/benchmarks.md": Way(
+        (
+            *("--iterations", "1", "--repeats", "1", "--workloads", "main", "--cpus", "0"),
+            *("scaling.auto.env_runners=[0]", "scaling.auto.envs_per_env_runner=[8,16]"),
+            *("scaling.auto.vectorize_modes=[sync]", "scaling.auto.seconds=0.5"),
+        ),
+        expect="refreshed docs/benchmarks.md",
+    ),
     # docs/benchmarks.md
     "python -m runner task=inference_bench env=cartpole compile=onnxrt_default "
     "task.batch_sizes=[1,4,16,64]": Way(("task.iterations=50",), expect="batch  64 |"),

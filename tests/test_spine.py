@@ -67,6 +67,7 @@ LAYERS = [
         "compile.auto",
         "algorithm_config",
         "preflight",
+        "scaling_auto",
         "trained",
         "video",
         "tasks.base",

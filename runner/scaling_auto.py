@@ -1,0 +1,339 @@
+"""scaling=auto: the sampling layout that gives this env, module and machine the most env
+steps per second, measured, as PufferLib's `vector.autotune` picks a vectorization.
+
+A layout is EnvRunners x envs per EnvRunner x gymnasium's sync or async vectorization.
+Each one that fits the CPU plan (the preflight's own CPU check on the machine the run
+plans on) samples the real env with the real RLModule for `scaling.auto.seconds`, after
+one warm-up round, through RLlib's EnvRunnerGroup and `synchronous_parallel_sample`, the
+call an on-policy `training_step` makes, each round asking for one train batch. Per
+vectorization mode and EnvRunner count, the envs per EnvRunner rise until the rate stops
+rising (a hill climb), so a grid of dozens costs a handful of measurements.
+
+The layout the config names (scaling=default's unless overridden) is always measured; a
+candidate replaces it only if it beats it by `scaling.auto.margin`, so the choice is
+never slower than the default as measured. Measurements are cached, keyed by what
+decides them: env and env config, algorithm settings, module, CPU model, the CPUs the
+plan counts, versions, the candidates and the timing; a second run decides without
+sampling anything.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+from runner.console import console
+from runner.errors import ConfigError
+from runner.machine import Resources, cpu_model
+from runner.results.files import write_json
+from runner.schema import RunnerConfig, ScalingAutoConfig
+
+if TYPE_CHECKING:
+    from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+    from ray.rllib.env.single_agent_episode import SingleAgentEpisode
+
+    from runner.plan import Plan
+
+MODES = ("sync", "async")
+# The job's own planning (runner.app.prepare): settings and machine -> config and plan.
+Planner = Callable[[RunnerConfig, Resources], "tuple[AlgorithmConfig, Plan]"]
+
+
+@dataclass(frozen=True)
+class Layout:
+    num_env_runners: int
+    num_envs_per_env_runner: int
+    gym_env_vectorize_mode: str
+
+    def __str__(self) -> str:
+        runners = f"{self.num_env_runners} EnvRunner(s)" if self.num_env_runners else "local"
+        envs, mode = self.num_envs_per_env_runner, self.gym_env_vectorize_mode
+        return f"{runners} x {envs} envs ({mode})"
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return Path(base) / "rllib-runner" / "scaling-auto"
+
+
+def cache_dir(auto: ScalingAutoConfig) -> Path:
+    return Path(auto.cache_dir) if auto.cache_dir else default_cache_dir()
+
+
+def check(settings: RunnerConfig) -> None:
+    """scaling=auto's own settings, before anything is built or measured."""
+    auto = settings.scaling.auto
+    if settings.task.name != "train":
+        raise ConfigError(
+            f"scaling=auto picks the layout of one training run, not task={settings.task.name}'s: "
+            "run `python -m runner scaling=auto dry_run=true` with the same settings and set "
+            "the layout it prints (scaling.num_env_runners=... scaling.num_envs_per_env_runner=...)"
+        )
+    if settings.compile.backend == "auto":
+        raise ConfigError(
+            "scaling=auto and compile=auto each measure with the other's choice fixed: pick "
+            "the layout first (python -m runner scaling=auto dry_run=true), set it with "
+            "scaling.num_env_runners=... scaling.num_envs_per_env_runner=..., then compile=auto"
+        )
+    if settings.algo.multi_agent:
+        raise ConfigError(
+            "scaling=auto samples one policy's env; for a multi-agent run set the layout"
+        )
+    bad_modes = sorted(set(auto.vectorize_modes) - set(MODES))
+    if bad_modes or not auto.vectorize_modes:
+        raise ConfigError(
+            f"scaling.auto.vectorize_modes must name some of {', '.join(MODES)}, got "
+            f"{auto.vectorize_modes}"
+        )
+    counts = [*auto.env_runners, *auto.envs_per_env_runner]
+    if not auto.env_runners or not auto.envs_per_env_runner or min(counts) < 0:
+        raise ConfigError(
+            "scaling.auto.env_runners and scaling.auto.envs_per_env_runner must be non-empty "
+            f"lists of counts >= 0, got {auto.env_runners} and {auto.envs_per_env_runner}"
+        )
+    if min(auto.envs_per_env_runner) < 1:
+        raise ConfigError(
+            f"scaling.auto.envs_per_env_runner counts start at 1, got {auto.envs_per_env_runner}"
+        )
+    if auto.seconds <= 0 or auto.margin < 0:
+        raise ConfigError(
+            f"scaling.auto.seconds must be > 0 and margin >= 0, got {auto.seconds} and "
+            f"{auto.margin}"
+        )
+
+
+def baseline(settings: RunnerConfig) -> Layout:
+    s = settings.scaling
+    return Layout(s.num_env_runners, s.num_envs_per_env_runner, s.gym_env_vectorize_mode)
+
+
+def with_layout(settings: RunnerConfig, layout: Layout) -> RunnerConfig:
+    """The settings with `layout` as its scaling, and scaling=auto done."""
+    auto = replace(settings.scaling.auto, enabled=False)
+    return replace(settings, scaling=replace(settings.scaling, **asdict(layout), auto=auto))
+
+
+def fits(plan: Plan, resources: Resources) -> bool:
+    """Whether the preflight's CPU check passes this plan on `resources`."""
+    from runner.preflight import cpu_shortfall
+
+    problems, _ = cpu_shortfall(plan, resources)
+    return not problems
+
+
+def measure(config: AlgorithmConfig, seconds: float) -> dict[str, Any]:
+    """Env steps per second of this config's EnvRunners, sampling one train batch per round
+    as an on-policy training_step does; the build and the warm-up round are timed apart."""
+    from ray.rllib.env.env_runner_group import EnvRunnerGroup
+    from ray.rllib.execution.rollout_ops import synchronous_parallel_sample
+
+    start = time.perf_counter()
+    group = EnvRunnerGroup(config=config, local_env_runner=config.num_env_runners == 0)
+    try:
+        build_seconds = time.perf_counter() - start
+        batch = max(1, config.total_train_batch_size)
+
+        def one_round() -> int:
+            episodes = synchronous_parallel_sample(
+                worker_set=group,
+                max_env_steps=batch,
+                concat=False,
+                sample_timeout_s=config.sample_timeout_s,
+                _uses_new_env_runners=True,
+            )
+            # concat=False on the new API stack: each EnvRunner's list of episodes.
+            per_runner = cast("list[list[SingleAgentEpisode]]", episodes)
+            return sum(e.env_steps() for sampled in per_runner for e in sampled)
+
+        one_round()
+        steps, rounds, timed = 0, 0, time.perf_counter()
+        while rounds < 2 or time.perf_counter() - timed < seconds:
+            steps += one_round()
+            rounds += 1
+        elapsed = time.perf_counter() - timed
+    finally:
+        group.stop()
+    return {
+        "env_steps_per_s": steps / elapsed,
+        "env_steps": steps,
+        "rounds": rounds,
+        "seconds": elapsed,
+        "build_seconds": build_seconds,
+    }
+
+
+def candidates(settings: RunnerConfig) -> list[list[Layout]]:
+    """Hill-climb series: per mode and EnvRunner count, envs per EnvRunner rising (async
+    from 2 envs: one env in a subprocess is sync plus a hop)."""
+    auto = settings.scaling.auto
+    series = []
+    for mode in auto.vectorize_modes:
+        for runners in sorted(set(auto.env_runners)):
+            envs = [n for n in sorted(set(auto.envs_per_env_runner)) if mode == "sync" or n > 1]
+            series.append([Layout(runners, n, mode) for n in envs])
+    return series
+
+
+def cache_key(settings: RunnerConfig, config: AlgorithmConfig, resources: Resources) -> dict:
+    """What decides the figures: env, algorithm, module, machine, versions, candidates."""
+    from ray import __version__ as ray_version
+    from torch import __version__ as torch_version
+
+    auto = settings.scaling.auto
+    return {
+        "env": asdict(settings.env),
+        "algo": settings.algo.name,
+        "train_batch": config.total_train_batch_size,
+        "rollout_fragment_length": config.rollout_fragment_length,
+        "module": repr(config.rl_module_spec),
+        "cpu_model": cpu_model(),
+        "cpus": resources.cpus,
+        "where": resources.where,
+        "cpus_per_env_runner": settings.scaling.num_cpus_per_env_runner,
+        "versions": {"ray": ray_version, "torch": torch_version},
+        "candidates": {
+            "env_runners": sorted(set(auto.env_runners)),
+            "envs_per_env_runner": sorted(set(auto.envs_per_env_runner)),
+            "vectorize_modes": list(auto.vectorize_modes),
+        },
+        "seconds": auto.seconds,
+        "baseline": asdict(baseline(settings)),
+    }
+
+
+def _cache_file(auto: ScalingAutoConfig, key: dict[str, Any]) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
+    return cache_dir(auto) / f"layouts-{digest[:20]}.json"
+
+
+def measure_all(
+    settings: RunnerConfig, resources: Resources, plan: Planner
+) -> list[dict[str, Any]]:
+    """One row per measurement, or per layout left out and why. One measurement decides
+    nothing alone (Ray's own start-up, or anything else on the machine, can slow one):
+    the fastest layout and the configured one are measured again at the end, in turn."""
+    rows: list[dict[str, Any]] = []
+    configs: dict[Layout, AlgorithmConfig] = {}
+
+    def measured(layout: Layout) -> float:
+        """Sample with `layout` once more; its env steps/s."""
+        if layout not in configs:
+            configs[layout] = plan(with_layout(settings, layout), resources)[0]
+        config = configs[layout].copy(copy_frozen=False)
+        config.evaluation(evaluation_interval=None)  # no evaluation EnvRunners here
+        figures = measure(config, settings.scaling.auto.seconds)
+        rows.append({**asdict(layout), "status": "measured", **figures})
+        console.print(f"scaling=auto: {layout}: {figures['env_steps_per_s']:,.0f} env steps/s")
+        return figures["env_steps_per_s"]
+
+    base = baseline(settings)
+    measured(base)
+    for series in candidates(settings):
+        best = 0.0
+        for layout in series:
+            if layout in configs:
+                rate = best_rates(rows)[layout]
+            else:
+                config, layout_plan = plan(with_layout(settings, layout), resources)
+                if not fits(layout_plan, resources):
+                    rows.append({**asdict(layout), "status": "does not fit the CPU plan"})
+                    break  # more envs only add async processes, more EnvRunners more CPUs
+                configs[layout] = config
+                rate = measured(layout)
+            if rate < best:
+                break  # past the top of this series
+            best = rate
+    rates = best_rates(rows)
+    fastest = max(rates, key=lambda layout: rates[layout])
+    if fastest != base:
+        measured(fastest)
+        measured(base)
+    return rows
+
+
+def best_rates(rows: list[dict[str, Any]]) -> dict[Layout, float]:
+    """Each measured layout's best env steps/s over its measurements."""
+    rates: dict[Layout, float] = {}
+    for row in rows:
+        if row["status"] == "measured":
+            layout = _layout(row)
+            rates[layout] = max(rates.get(layout, 0.0), row["env_steps_per_s"])
+    return rates
+
+
+def decide(rows: list[dict[str, Any]], base: Layout, margin: float) -> dict[str, Any]:
+    """The fastest layout, by its best measurement, if it beats the configured one's best
+    by `margin`; else the configured one."""
+    rates = best_rates(rows)
+    best = max(rates, key=lambda layout: rates[layout])
+    ratio = rates[best] / rates[base]
+    if best != base and ratio > 1 + margin:
+        chosen, why = best, f"{ratio:.2f}x the configured layout's env steps/s"
+    else:
+        chosen, ratio = base, 1.0
+        why = f"no layout beat the configured one by scaling.auto.margin={margin:g}"
+    return {
+        "chosen": asdict(chosen),
+        "why": why,
+        "speedup": ratio,
+        "baseline": asdict(base),
+        "baseline_env_steps_per_s": rates[base],
+    }
+
+
+def _layout(row: dict[str, Any]) -> Layout:
+    return Layout(
+        row["num_env_runners"], row["num_envs_per_env_runner"], row["gym_env_vectorize_mode"]
+    )
+
+
+def choose(
+    settings: RunnerConfig, resources: Resources, plan: Planner
+) -> tuple[RunnerConfig, dict[str, Any]]:
+    """The settings with the chosen layout, and the record's scaling_auto section: the
+    figures from the cache (unless scaling.auto.refresh) or measured now on the run's Ray."""
+    from runner.ray_session import start_ray
+
+    auto = settings.scaling.auto
+    key = cache_key(settings, plan(settings, resources)[0], resources)
+    path = _cache_file(auto, key)
+    start = time.perf_counter()
+    rows, source = None, "measured"
+    if not auto.refresh and path.exists():
+        cached = json.loads(path.read_text())
+        if cached.get("key") == key:
+            rows, source = cached["rows"], "cache"
+    if rows is None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as ex:
+            raise ConfigError(
+                f"scaling.auto.cache_dir '{path.parent}' is not writable ({ex.strerror}); point "
+                "scaling.auto.cache_dir at a writable dir"
+            ) from None
+        start_ray(settings.ray, settings.compile.cache_dir)
+        rows = measure_all(settings, resources, plan)
+        write_json(path, {"key": key, "rows": rows})
+    section = {
+        **decide(rows, baseline(settings), auto.margin),
+        "source": source,
+        "seconds": time.perf_counter() - start,
+        "cache_file": str(path),
+        "rows": rows,
+    }
+    return with_layout(settings, _layout(section["chosen"])), section
+
+
+def describe(section: dict[str, Any]) -> str:
+    chosen = _layout(section["chosen"])
+    where = "cached figures" if section["source"] == "cache" else "measured now"
+    return (
+        f"scaling=auto chose {chosen}: {section['why']} ({where}, "
+        f"{section['seconds']:.1f} s; figures in {section['cache_file']})"
+    )

@@ -1,0 +1,115 @@
+"""scaling=auto for real: candidate layouts sampled by RLlib's EnvRunners on Ray (the
+test process's shared Ray, as a run in a Ray job joins its cluster), those that do not
+fit the CPU plan left out, the choice shown by a dry run and written into the run dir's
+config, cached, and read by the next run, which trains with it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import TINY, prepared, run_cli
+
+from runner import scaling_auto
+from runner.machine import local_resources
+from runner.scaling_auto import Layout
+
+# 64 EnvRunners fit no machine the tests run on: the series that asks for them stops there.
+COMMON = [
+    *TINY,
+    "scaling=auto",
+    "scaling.auto.seconds=0.3",
+    "scaling.auto.env_runners=[0,1,64]",
+    "scaling.auto.envs_per_env_runner=[2,4]",
+    "scaling.auto.vectorize_modes=[sync]",
+]
+
+
+def layout(row: dict) -> Layout:
+    return scaling_auto._layout(row)
+
+
+@pytest.mark.slow
+def test_a_dry_run_measures_and_shows_the_choice_and_a_run_trains_with_it(tmp_path: Path):
+    cache = f"scaling.auto.cache_dir={tmp_path / 'layouts'}"
+    dry = run_cli(tmp_path, *COMMON, cache, "dry_run=true", run_dir="dry")
+    assert dry.returncode == 0, dry.stderr
+    assert "scaling=auto chose" in dry.stdout and "measured now" in dry.stdout
+    assert "dry run: nothing trained" in dry.stdout
+    [cache_file] = (tmp_path / "layouts").glob("layouts-*.json")
+    rows = json.loads(cache_file.read_text())["rows"]
+    measured = [r for r in rows if r["status"] == "measured"]
+    # The configured layout (TINY: 2 envs in the main process) first, then each series.
+    assert layout(measured[0]) == Layout(0, 2, "sync")
+    assert all(r["env_steps_per_s"] > 0 and r["rounds"] >= 2 for r in measured)
+    assert {r["num_env_runners"] for r in measured} == {0, 1}
+    assert [(r["num_env_runners"], r["status"]) for r in rows if r not in measured] == [
+        (64, "does not fit the CPU plan")
+    ]
+    # The choice is the fastest measured, or the configured layout if none beat it; the
+    # two were measured again at the end, so each has two measurements.
+    base = Layout(0, 2, "sync")
+    rates = scaling_auto.best_rates(rows)
+    best = max(rates, key=lambda x: rates[x])
+    chosen = dry.stdout.split("scaling=auto chose ")[1].split(": ")[0]
+    assert chosen in (str(best), str(base))
+    if best != base:
+        assert [layout(r) for r in measured[-2:]] == [best, base]
+    config = (tmp_path / "dry" / "config.yaml").read_text()
+    chosen_layout = next(layout(r) for r in measured if str(layout(r)) == chosen)
+    assert f"num_env_runners: {chosen_layout.num_env_runners}\n" in config
+    assert f"num_envs_per_env_runner: {chosen_layout.num_envs_per_env_runner}\n" in config
+
+    run = run_cli(tmp_path, *COMMON, cache, "stop.iterations=1", run_dir="run")
+    assert run.returncode == 0, run.stderr
+    assert "cached figures" in run.stdout
+    section = run.json("summary.json")["scaling_auto"]
+    assert section["source"] == "cache" and section["rows"] == rows
+    assert str(layout(section["chosen"])) == chosen
+    algorithm_config = run.json("algorithm_config.json")
+    assert algorithm_config["num_env_runners"] == chosen_layout.num_env_runners
+    assert algorithm_config["num_envs_per_env_runner"] == chosen_layout.num_envs_per_env_runner
+
+
+def test_the_layouts_that_fit_follow_the_cpus_the_plan_counts():
+    """A simulated larger machine (ray.num_cpus) lets more EnvRunners compete."""
+    base = prepared(["scaling=auto"]).settings
+    for cpus, fitting in ((2, {0, 1, 2}), (8, {0, 1, 2, 4, 8})):
+        settings = prepared(["scaling=auto", f"ray.num_cpus={cpus}"]).settings
+        resources = local_resources(settings.ray)
+        fit = set()
+        for runners in base.scaling.auto.env_runners:
+            plan = prepared([f"ray.num_cpus={cpus}", f"scaling.num_env_runners={runners}"]).plan
+            if scaling_auto.fits(plan, resources):
+                fit.add(runners)
+        assert fit == fitting, cpus
+
+
+def test_the_configured_layout_stays_unless_a_candidate_beats_it_by_the_margin():
+    def row(runners: int, envs: int, rate: float) -> dict:
+        return {
+            "num_env_runners": runners,
+            "num_envs_per_env_runner": envs,
+            "gym_env_vectorize_mode": "sync",
+            "status": "measured",
+            "env_steps_per_s": rate,
+        }
+
+    base = Layout(0, 8, "sync")
+    close = scaling_auto.decide([row(0, 8, 1000), row(1, 16, 1040)], base, margin=0.05)
+    assert close["chosen"] == {**vars(base)} and close["speedup"] == 1.0
+    assert "scaling.auto.margin=0.05" in close["why"]
+    faster = scaling_auto.decide([row(0, 8, 1000), row(1, 16, 1500)], base, margin=0.05)
+    assert Layout(**faster["chosen"]) == Layout(1, 16, "sync")
+    assert faster["speedup"] == pytest.approx(1.5)
+
+
+def test_async_series_start_at_two_envs():
+    settings = prepared(["scaling=auto", "scaling.auto.env_runners=[1]"]).settings
+    series = scaling_auto.candidates(settings)
+    assert [[x.num_envs_per_env_runner for x in s] for s in series] == [
+        [1, 2, 4, 8, 16, 32, 64],
+        [2, 4, 8, 16, 32, 64],
+    ]
+    assert {x.gym_env_vectorize_mode for x in series[1]} == {"async"}
