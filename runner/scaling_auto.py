@@ -36,6 +36,7 @@ from runner.schema import RunnerConfig, ScalingAutoConfig
 
 if TYPE_CHECKING:
     from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+    from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
     from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 
     from runner.plan import Plan
@@ -80,10 +81,6 @@ def check(settings: RunnerConfig) -> None:
             "scaling=auto and compile=auto each measure with the other's choice fixed: pick "
             "the layout first (python -m runner scaling=auto dry_run=true), set it with "
             "scaling.num_env_runners=... scaling.num_envs_per_env_runner=..., then compile=auto"
-        )
-    if settings.algo.multi_agent:
-        raise ConfigError(
-            "scaling=auto samples one policy's env; for a multi-agent run set the layout"
         )
     bad_modes = sorted(set(auto.vectorize_modes) - set(MODES))
     if bad_modes or not auto.vectorize_modes:
@@ -147,8 +144,9 @@ def measure(config: AlgorithmConfig, seconds: float) -> dict[str, Any]:
                 sample_timeout_s=config.sample_timeout_s,
                 _uses_new_env_runners=True,
             )
-            # concat=False on the new API stack: each EnvRunner's list of episodes.
-            per_runner = cast("list[list[SingleAgentEpisode]]", episodes)
+            # concat=False on the new API stack: each EnvRunner's list of episodes
+            # (a multi-agent episode counts env steps as a single-agent one does).
+            per_runner = cast("list[list[SingleAgentEpisode | MultiAgentEpisode]]", episodes)
             return sum(e.env_steps() for sampled in per_runner for e in sampled)
 
         one_round()

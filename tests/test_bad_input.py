@@ -52,6 +52,22 @@ CASES = {
         ["scaling=auto", "compile=auto"],
         "scaling=auto and compile=auto each measure with the other's choice fixed",
     ),
+    "scaling=auto with no env per EnvRunner": (
+        ["scaling=auto", "scaling.auto.envs_per_env_runner=[0,4]"],
+        "scaling.auto.envs_per_env_runner counts start at 1, got [0, 4]",
+    ),
+    "scaling=auto with a negative EnvRunner count": (
+        ["scaling=auto", "scaling.auto.env_runners=[-1]"],
+        "must be non-empty lists of counts >= 0, got [-1] and",
+    ),
+    "scaling=auto sampling for no time": (
+        ["scaling=auto", "scaling.auto.seconds=0"],
+        "scaling.auto.seconds must be > 0 and margin >= 0, got 0.0 and 0.05",
+    ),
+    "scaling=auto's cache where no dir can be": (
+        ["scaling=auto", "scaling.auto.cache_dir=/dev/null/layouts"],
+        "scaling.auto.cache_dir '/dev/null/layouts' is not writable (Not a directory)",
+    ),
     "scaling=auto with an unknown vectorization": (
         ["scaling=auto", "scaling.auto.vectorize_modes=[sync,asnyc]"],
         "scaling.auto.vectorize_modes must name some of sync, async",
