@@ -232,7 +232,13 @@ def measure_all(
 
     base = baseline(settings)
     measured(base)
+    # Per mode, the fewest EnvRunners whose series did not fit at its first layout: more
+    # EnvRunners (more CPUs, or more async env processes) fit no better.
+    too_many: dict[str, int] = {}
     for series in candidates(settings):
+        first = series[0] if series else None
+        if first and first.num_env_runners >= too_many.get(first.gym_env_vectorize_mode, 1 << 30):
+            continue
         best = 0.0
         for layout in series:
             if layout in configs:
@@ -241,7 +247,9 @@ def measure_all(
                 config, layout_plan = plan(with_layout(settings, layout), resources)
                 if not fits(layout_plan, resources):
                     rows.append({**asdict(layout), "status": "does not fit the CPU plan"})
-                    break  # more envs only add async processes, more EnvRunners more CPUs
+                    if layout == first:
+                        too_many[layout.gym_env_vectorize_mode] = layout.num_env_runners
+                    break  # more envs only add async processes
                 configs[layout] = config
                 rate = measured(layout)
             if rate < best:
