@@ -17,37 +17,25 @@ the table into that page's `compile-auto` block.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
+
+import training_runs
+from training_runs import WORKLOADS
 
 from runner.docs import replace_block
 from runner.errors import RunnerError
 
-WORKLOADS = {
-    "main": ("the main job (CartPole PPO)", []),
-    "breakout": ("Breakout PPO, scale=local", ["env=breakout", "scale=local"]),
-}
 SETTINGS = ("none", "auto")
 
 
 def train(work: Path, workload: str, setting: str, iterations: int, tag: str) -> dict:
     """One run; its summary.json."""
     run_dir = work / f"{workload}_{setting}_{tag}"
-    cmd = [
-        sys.executable, "-m", "runner", *WORKLOADS[workload][1], f"compile={setting}",
-        f"stop.iterations={iterations}", "stop.episode_return_mean=null", "stop.seconds=null",
-        "check.enabled=false", "checkpoint.every=0", "checkpoint.at_end=false",
-        f"hydra.run.dir={run_dir}",
-    ]  # fmt: skip
-    done = subprocess.run(cmd, cwd=work, capture_output=True, text=True)
-    if done.returncode != 0:
-        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise SystemExit(f"{workload} compile={setting} failed ({done.returncode}): {tail}")
-    return json.loads((run_dir / "summary.json").read_text())
+    return training_runs.train(
+        run_dir, workload, [f"compile={setting}"], iterations, f"compile={setting}"
+    )
 
 
 def chosen(summary: dict) -> str:

@@ -21,20 +21,16 @@ docs/benchmarks.md` writes the table into that page's `scaling-auto` block.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
+
+import training_runs
+from training_runs import WORKLOADS
 
 from runner.docs import replace_block
 from runner.errors import RunnerError
 
-WORKLOADS = {
-    "main": ("the main job (CartPole PPO)", []),
-    "breakout": ("Breakout PPO, scale=local", ["env=breakout", "scale=local"]),
-}
 SIDES = ("configured", "auto")
 
 
@@ -42,20 +38,10 @@ def train(
     work: Path, workload: str, side: str, cpus: int, iterations: int, tag: str, extra: list[str]
 ) -> dict:
     """One run (`extra`: the command line's runner overrides); its summary.json."""
-    run_dir = work / f"{workload}_{cpus}_{side}_{tag}"
     auto = ["scaling=auto", f"scaling.auto.refresh={tag == '0'}"] if side == "auto" else []
-    cmd = [
-        sys.executable, "-m", "runner", *WORKLOADS[workload][1], *auto, *extra,
-        *([f"ray.num_cpus={cpus}"] if cpus else []),
-        f"stop.iterations={iterations}", "stop.episode_return_mean=null", "stop.seconds=null",
-        "check.enabled=false", "checkpoint.every=0", "checkpoint.at_end=false",
-        f"hydra.run.dir={run_dir}",
-    ]  # fmt: skip
-    done = subprocess.run(cmd, cwd=work, capture_output=True, text=True)
-    if done.returncode != 0:
-        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise SystemExit(f"{workload} {side} failed ({done.returncode}): {tail}")
-    return json.loads((run_dir / "summary.json").read_text())
+    planned = [f"ray.num_cpus={cpus}"] if cpus else []
+    run_dir = work / f"{workload}_{cpus}_{side}_{tag}"
+    return training_runs.train(run_dir, workload, [*auto, *extra, *planned], iterations, side)
 
 
 def layout(scaling: dict) -> str:

@@ -1,0 +1,31 @@
+"""The end-to-end benchmarks' training runs (compile_auto.py, scaling_auto.py): one fresh
+`python -m runner` process per run, a set number of iterations with no other stop, no
+check and no checkpoints; what a run measured is its summary.json."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+WORKLOADS = {
+    "main": ("the main job (CartPole PPO)", []),
+    "breakout": ("Breakout PPO, scale=local", ["env=breakout", "scale=local"]),
+}
+
+
+def train(run_dir: Path, workload: str, overrides: list[str], iterations: int, label: str) -> dict:
+    """One run of `workload` with `overrides` in `run_dir`; its summary.json. A failure
+    ends the benchmark with the run's last line, named by `label`."""
+    cmd = [
+        sys.executable, "-m", "runner", *WORKLOADS[workload][1], *overrides,
+        f"stop.iterations={iterations}", "stop.episode_return_mean=null", "stop.seconds=null",
+        "check.enabled=false", "checkpoint.every=0", "checkpoint.at_end=false",
+        f"hydra.run.dir={run_dir}",
+    ]  # fmt: skip
+    done = subprocess.run(cmd, cwd=run_dir.parent, capture_output=True, text=True)
+    if done.returncode != 0:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise SystemExit(f"{workload} {label} failed ({done.returncode}): {tail}")
+    return json.loads((run_dir / "summary.json").read_text())
