@@ -24,9 +24,6 @@ from pathlib import Path
 import training_runs
 from training_runs import WORKLOADS
 
-from runner.docs import replace_block
-from runner.errors import RunnerError
-
 SETTINGS = ("none", "auto")
 
 
@@ -84,11 +81,7 @@ def main() -> None:
         help="write the table into this page's compile-auto block (docs/compile.md)",
     )
     args = parser.parse_args()
-    if args.readme:  # a page without the block fails now, not after the runs
-        try:
-            replace_block(args.readme.read_text(), "compile-auto", "", args.readme)
-        except (OSError, RunnerError) as ex:
-            raise SystemExit(f"error: {ex}") from None
+    training_runs.check_block(args.readme, "compile-auto")
 
     results: dict[str, dict[str, list[dict]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -101,11 +94,7 @@ def main() -> None:
                     results[workload][setting].append(summary)
     markdown = table(results, args.iterations, args.repeats)
     print(markdown, end="")
-    if args.readme:
-        args.readme.write_text(
-            replace_block(args.readme.read_text(), "compile-auto", markdown, args.readme)
-        )
-        print(f"refreshed {args.readme}")
+    training_runs.write_block(args.readme, "compile-auto", markdown)
 
 
 if __name__ == "__main__":

@@ -28,9 +28,6 @@ from pathlib import Path
 import training_runs
 from training_runs import WORKLOADS
 
-from runner.docs import replace_block
-from runner.errors import RunnerError
-
 SIDES = ("configured", "auto")
 
 
@@ -93,11 +90,7 @@ def main() -> None:
         "overrides", nargs="*", help="runner overrides for every run, e.g. scaling.auto.seconds=1"
     )
     args = parser.parse_args()
-    if args.readme:  # a page without the block fails now, not after the runs
-        try:
-            replace_block(args.readme.read_text(), "scaling-auto", "", args.readme)
-        except (OSError, RunnerError) as ex:
-            raise SystemExit(f"error: {ex}") from None
+    training_runs.check_block(args.readme, "scaling-auto")
 
     results: dict[tuple[str, int], dict[str, list[dict]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -115,11 +108,7 @@ def main() -> None:
                 results[(workload, cpus)] = runs
     markdown = table(results, args.iterations)
     print(markdown, end="")
-    if args.readme:
-        args.readme.write_text(
-            replace_block(args.readme.read_text(), "scaling-auto", markdown, args.readme)
-        )
-        print(f"refreshed {args.readme}")
+    training_runs.write_block(args.readme, "scaling-auto", markdown)
 
 
 if __name__ == "__main__":

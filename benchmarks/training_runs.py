@@ -1,6 +1,7 @@
 """The end-to-end benchmarks' training runs (compile_auto.py, scaling_auto.py): one fresh
 `python -m runner` process per run, a set number of iterations with no other stop, no
-check and no checkpoints; what a run measured is its summary.json."""
+check and no checkpoints; what a run measured is its summary.json. And the generated
+block of a docs page that a benchmark's `--readme` fills (vs_zoo.py's too)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+
+from runner.docs import replace_block
+from runner.errors import RunnerError
 
 WORKLOADS = {
     "main": ("the main job (CartPole PPO)", []),
@@ -29,3 +33,20 @@ def train(run_dir: Path, workload: str, overrides: list[str], iterations: int, l
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise SystemExit(f"{workload} {label} failed ({done.returncode}): {tail}")
     return json.loads((run_dir / "summary.json").read_text())
+
+
+def check_block(page: Path | None, name: str) -> None:
+    """A page without the block fails now, in one line, not after the runs."""
+    if page is None:
+        return
+    try:
+        replace_block(page.read_text(), name, "", page)
+    except (OSError, RunnerError) as ex:
+        raise SystemExit(f"error: {ex}") from None
+
+
+def write_block(page: Path | None, name: str, markdown: str) -> None:
+    if page is None:
+        return
+    page.write_text(replace_block(page.read_text(), name, markdown, page))
+    print(f"refreshed {page}")

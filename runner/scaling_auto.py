@@ -94,6 +94,12 @@ def check(settings: RunnerConfig) -> None:
             "scaling.auto.env_runners and scaling.auto.envs_per_env_runner must be non-empty "
             f"lists of counts >= 0, got {auto.env_runners} and {auto.envs_per_env_runner}"
         )
+    if not _runner_counts(settings):
+        raise ConfigError(
+            f"scaling.num_gpus_per_env_runner={settings.scaling.num_gpus_per_env_runner:g} "
+            f"needs EnvRunner actors, and scaling.auto.env_runners={auto.env_runners} has "
+            "no count above 0: add some (scaling.auto.env_runners=[1,2,4])"
+        )
     if min(auto.envs_per_env_runner) < 1:
         raise ConfigError(
             f"scaling.auto.envs_per_env_runner counts start at 1, got {auto.envs_per_env_runner}"
@@ -166,13 +172,20 @@ def measure(config: AlgorithmConfig, seconds: float) -> dict[str, Any]:
     }
 
 
+def _runner_counts(settings: RunnerConfig) -> list[int]:
+    """The EnvRunner counts to try: no local sampling (0) where EnvRunners get GPUs, which
+    the driver's local EnvRunner does not (validate refuses that layout)."""
+    counts = sorted(set(settings.scaling.auto.env_runners))
+    return [n for n in counts if n > 0] if settings.scaling.num_gpus_per_env_runner > 0 else counts
+
+
 def candidates(settings: RunnerConfig) -> list[list[Layout]]:
     """Hill-climb series: per mode and EnvRunner count, envs per EnvRunner rising (async
     from 2 envs: one env in a subprocess is sync plus a hop)."""
     auto = settings.scaling.auto
     series = []
     for mode in auto.vectorize_modes:
-        for runners in sorted(set(auto.env_runners)):
+        for runners in _runner_counts(settings):
             envs = [n for n in sorted(set(auto.envs_per_env_runner)) if mode == "sync" or n > 1]
             series.append([Layout(runners, n, mode) for n in envs])
     return series

@@ -68,6 +68,15 @@ CASES = {
         ["scaling=auto", "scaling.auto.cache_dir=/dev/null/layouts"],
         "scaling.auto.cache_dir '/dev/null/layouts' is not writable (Not a directory)",
     ),
+    "scaling=auto with GPU EnvRunners and only local sampling to try": (
+        [
+            "scaling=auto",
+            "scaling.num_env_runners=1",
+            "scaling.num_gpus_per_env_runner=0.5",
+            "scaling.auto.env_runners=[0]",
+        ],
+        "needs EnvRunner actors, and scaling.auto.env_runners=[0] has no count above 0",
+    ),
     "scaling=auto with an unknown vectorization": (
         ["scaling=auto", "scaling.auto.vectorize_modes=[sync,asnyc]"],
         "scaling.auto.vectorize_modes must name some of sync, async",

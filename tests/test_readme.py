@@ -377,6 +377,12 @@ WAYS: dict[str, Way] = {
         (*SMALL_BATCH, "stop.iterations=2", "hydra.sweep.dir=outputs/tracked_sweep"),
         expect="sweep: 2 jobs, 0 failed",
     ),
+    # docs/benchmarks.md, Against RL Baselines3 Zoo: one pair, one seed, each side stopped
+    # at 5 s (a miss each: the table still fills, with both sides' rates).
+    "python benchmarks/vs_zoo.py --seeds 0,1,2 --readme docs/benchmarks.md": Way(
+        ("--seeds", "0", "--pairs", "ppo_cartpole", "--max-seconds", "5"),
+        expect="refreshed docs/benchmarks.md",
+    ),
     # docs/benchmarks.md, Runner overhead
     # One repeat a side: both run and the configs compare (the spread needs the five).
     "python benchmarks/overhead.py --iterations 10 --repeats 5": Way(

@@ -113,3 +113,16 @@ def test_async_series_start_at_two_envs():
         [2, 4, 8, 16, 32, 64],
     ]
     assert {x.gym_env_vectorize_mode for x in series[1]} == {"async"}
+
+
+def test_env_runners_with_gpus_leave_local_sampling_out():
+    """EnvRunners with a GPU each cannot be the driver's local one: no 0-runner layout."""
+    settings = prepared(
+        [
+            "scaling=auto",
+            "scaling.num_env_runners=1",
+            "scaling.num_gpus_per_env_runner=0.5",
+            "scaling.auto.env_runners=[0,2]",
+        ]
+    ).settings
+    assert {x.num_env_runners for s in scaling_auto.candidates(settings) for x in s} == {2}
