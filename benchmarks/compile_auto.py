@@ -30,9 +30,8 @@ SETTINGS = ("none", "auto")
 def train(work: Path, workload: str, setting: str, iterations: int, tag: str) -> dict:
     """One run; its summary.json."""
     run_dir = work / f"{workload}_{setting}_{tag}"
-    return training_runs.train(
-        run_dir, workload, [f"compile={setting}"], iterations, f"compile={setting}"
-    )
+    overrides = [*WORKLOADS[workload][1], f"compile={setting}"]
+    return training_runs.train(run_dir, overrides, iterations, f"{workload} compile={setting}")
 
 
 def chosen(summary: dict) -> str:

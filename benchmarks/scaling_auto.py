@@ -38,7 +38,8 @@ def train(
     auto = ["scaling=auto", f"scaling.auto.refresh={tag == '0'}"] if side == "auto" else []
     planned = [f"ray.num_cpus={cpus}"] if cpus else []
     run_dir = work / f"{workload}_{cpus}_{side}_{tag}"
-    return training_runs.train(run_dir, workload, [*auto, *extra, *planned], iterations, side)
+    overrides = [*WORKLOADS[workload][1], *auto, *extra, *planned]
+    return training_runs.train(run_dir, overrides, iterations, f"{workload} {side}")
 
 
 def layout(scaling: dict) -> str:

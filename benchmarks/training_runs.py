@@ -1,7 +1,8 @@
-"""The end-to-end benchmarks' training runs (compile_auto.py, scaling_auto.py): one fresh
-`python -m runner` process per run, a set number of iterations with no other stop, no
-check and no checkpoints; what a run measured is its summary.json. And the generated
-block of a docs page that a benchmark's `--readme` fills (vs_zoo.py's too)."""
+"""The benchmarks' training runs (compile_auto.py, scaling_auto.py, offpolicy_profile.py):
+one fresh `python -m runner` process per run, a set number of iterations with no other
+stop, no check and no checkpoints; what a run measured is its run dir. And the generated
+block of a docs page that a benchmark's `--readme` fills (main_job.py's and vs_zoo.py's
+too)."""
 
 from __future__ import annotations
 
@@ -19,11 +20,11 @@ WORKLOADS = {
 }
 
 
-def train(run_dir: Path, workload: str, overrides: list[str], iterations: int, label: str) -> dict:
-    """One run of `workload` with `overrides` in `run_dir`; its summary.json. A failure
-    ends the benchmark with the run's last line, named by `label`."""
+def train(run_dir: Path, overrides: list[str], iterations: int, label: str) -> dict:
+    """One run with `overrides` (a workload's, then the benchmark's) in `run_dir`; its
+    summary.json. A failure ends the benchmark with the run's last line, named by `label`."""
     cmd = [
-        sys.executable, "-m", "runner", *WORKLOADS[workload][1], *overrides,
+        sys.executable, "-m", "runner", *overrides,
         f"stop.iterations={iterations}", "stop.episode_return_mean=null", "stop.seconds=null",
         "check.enabled=false", "checkpoint.every=0", "checkpoint.at_end=false",
         f"hydra.run.dir={run_dir}",
@@ -31,7 +32,7 @@ def train(run_dir: Path, workload: str, overrides: list[str], iterations: int, l
     done = subprocess.run(cmd, cwd=run_dir.parent, capture_output=True, text=True)
     if done.returncode != 0:
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise SystemExit(f"{workload} {label} failed ({done.returncode}): {tail}")
+        raise SystemExit(f"{label} failed ({done.returncode}): {tail}")
     return json.loads((run_dir / "summary.json").read_text())
 
 

@@ -37,15 +37,18 @@ from runner.shutdown import Interrupted, install_default  # noqa: E402
 def _app(cfg: DictConfig) -> None:
     """One job. In a sweep its outcome goes to job.json, and a failure lets the sweep go on."""
     hydra_cfg = HydraConfig.get()
-    _start_ray_early(cfg, hydra_cfg.runtime.choices["task"])
+    in_sweep = hydra_cfg.mode == RunMode.MULTIRUN
+    startup = {} if in_sweep else {"python_s": _python_seconds()}
+    startup |= _start_ray_early(cfg, hydra_cfg.runtime.choices["task"])
+    began = time.perf_counter()
     from runner.app import run
     from runner.ray_session import stop_ray
     from runner.results.jobs import ERROR_FILE, earlier_attempt, write_job
     from runner.sweep import summarize
 
+    startup.setdefault("imports_s", time.perf_counter() - began)
     job_dir = Path(hydra_cfg.runtime.output_dir)
     overrides = list(hydra_cfg.overrides.task)
-    in_sweep = hydra_cfg.mode == RunMode.MULTIRUN
     job_start = time.perf_counter()
     carry_on = None
     if in_sweep:
@@ -61,6 +64,7 @@ def _app(cfg: DictConfig) -> None:
         sweep_dir=Path(hydra_cfg.sweep.dir) if in_sweep else None,
         number=hydra_cfg.job.num if in_sweep else None,
         compose=composed,  # Hydra's compose API, inside the app Hydra set up
+        startup=startup,
     )
     # Hydra's basic launcher runs a sweep's jobs one after another in this process: a job
     # leaves its Ray to the next (started again only for other ray.* settings) unless it
@@ -98,16 +102,31 @@ def _app(cfg: DictConfig) -> None:
         write_job(job_dir, status, overrides, wall_seconds=_since(job_start), **totals)
 
 
-def _start_ray_early(cfg: DictConfig, task_name: str) -> None:
+def _python_seconds() -> float | None:
+    """Seconds from the process's start to this module's first line: the interpreter's
+    start and Hydra's import (Linux's /proc; None elsewhere, and where this module is
+    imported rather than run: the tests call `main` in their own process)."""
+    if __name__ != "__main__":
+        return None
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    started_ago = uptime - ticks / os.sysconf("SC_CLK_TCK")
+    return max(0.0, started_ago - (time.perf_counter() - START))
+
+
+def _start_ray_early(cfg: DictConfig, task_name: str) -> dict[str, float]:
     """Start the job's local Ray while torch and RLlib import, in another thread: Ray's start
     mostly waits on its own processes, so the two overlap.
     Only where the Ray the job needs is known now: not a dry run, no cluster, no
     compile=auto (it measures before Ray takes the CPUs), nothing read from an earlier run
     (whose settings apply). The job's own start_ray then finds this Ray running. Anything
     amiss is left for the job to report; a process that imported the job already (a
-    sweep's later jobs) has nothing to overlap."""
+    sweep's later jobs) has nothing to overlap. Returns the seconds each took."""
     if "runner.app" in sys.modules:
-        return
+        return {}
     from runner import tasks
     from runner.ray_session import cluster_address, start_ray
     from runner.schema import AUTO, typed
@@ -117,7 +136,7 @@ def _start_ray_early(cfg: DictConfig, task_name: str) -> None:
         task = tasks.get(task_name)
         reads_earlier_run = task.checkpoint_source(cfg) is not None
     except Exception:  # the job says what is wrong, in one line
-        return
+        return {}
     if (
         not task.needs_ray
         or settings.dry_run
@@ -125,19 +144,25 @@ def _start_ray_early(cfg: DictConfig, task_name: str) -> None:
         or settings.compile.backend == AUTO
         or reads_earlier_run
     ):
-        return
-    importer = threading.Thread(target=_import_quietly, args=("runner.app",), daemon=True)
+        return {}
+    took: dict[str, float] = {}
+    importer = threading.Thread(target=_import_quietly, args=("runner.app", took), daemon=True)
     importer.start()
+    began = time.perf_counter()
     with contextlib.suppress(Exception):  # the job's own start_ray tries again and reports
         start_ray(settings.ray, settings.compile.cache_dir)
+    took["ray_start_s"] = time.perf_counter() - began
     install_default()  # ray.init set a SIGTERM handler of its own
     importer.join()
+    return took
 
 
-def _import_quietly(name: str) -> None:
-    """Import in the background; a failure is raised again by the job's own import."""
+def _import_quietly(name: str, took: dict[str, float]) -> None:
+    """Import in the background, timed; a failure is raised again by the job's own import."""
+    began = time.perf_counter()
     with contextlib.suppress(BaseException):
         importlib.import_module(name)
+    took["imports_s"] = time.perf_counter() - began
 
 
 def _since(start: float) -> float:

@@ -181,12 +181,13 @@ def run(job: Job, start_time: float, attempt: Path | None = None) -> dict[str, A
         job = replace(job, cfg=cfg, overrides=overrides, choices={**job.choices, **choices})
     (run_dir / OVERRIDES).write_text(yaml.safe_dump(job.overrides))
     settings = typed(cfg)
+    startup = dict(job.startup)  # summary.json's `startup`: the seconds before training
     address = cluster_address(settings.ray)
     cluster = None
     if address:
         if joined := joined_by_environment(settings.ray):
             console.print(joined)
-        start_ray(settings.ray, settings.compile.cache_dir)
+        timed_ray_start(settings, startup)
         cluster = machine.cluster_resources(address)
     layout = None
     if settings.scaling.auto.enabled:  # measured before anything else is built
@@ -236,7 +237,7 @@ def run(job: Job, start_time: float, attempt: Path | None = None) -> dict[str, A
     ended: dict[str, Any] = {"status": "failed"}
     task_run = None
     try:
-        task_run = started(prepared, job, tracker, start_time, checkpoint, history, mirror)
+        task_run = started(prepared, job, tracker, start_time, checkpoint, history, startup, mirror)
         supervised(prepared.task, task_run)
         status, ended = "FINISHED", {"status": "finished"}
     except Interrupted as stop:
@@ -324,6 +325,13 @@ def push_at_end(mirror: remote.Mirror, status: str) -> None:
     console.print(f"results mirrored to {mirror.uri}")
 
 
+def timed_ray_start(settings: RunnerConfig, startup: dict[str, float | None]) -> None:
+    """start_ray, its seconds added to the job's (a Ray started early takes none here)."""
+    began = time.perf_counter()
+    start_ray(settings.ray, settings.compile.cache_dir)
+    startup["ray_start_s"] = (startup.get("ray_start_s") or 0.0) + time.perf_counter() - began
+
+
 def started(
     prepared: Prepared,
     job: Job,
@@ -331,6 +339,7 @@ def started(
     start_time: float,
     checkpoint: Path | None,
     history: list[str],
+    startup: dict[str, float | None],
     mirror: remote.Mirror | None = None,
 ) -> TaskRun:
     """compile=auto's choice (measured before Ray takes the CPUs), Ray, then the task's input."""
@@ -343,7 +352,7 @@ def started(
         spec = compile_auto.chosen_spec(settings, auto)
         add_to_config(prepared.config, spec)
     if prepared.task.needs_ray:
-        start_ray(settings.ray, settings.compile.cache_dir)
+        timed_ray_start(settings, startup)
         if prepared.plan.main_gpus:
             index = reserve_driver_gpus(prepared.plan.main_gpus)
             prepared.config.learners(local_gpu_idx=index)
@@ -362,4 +371,5 @@ def started(
         choices=job.choices,
         mirror=mirror,
         compose=job.compose,
+        record={"startup": startup},
     )

@@ -27,6 +27,10 @@ class Job:
     sweep_dir: Path | None = None  # in a `-m` sweep
     number: int | None = None  # the job's number in its sweep
     compose: Composer | None = None  # None: a job that composes nothing more (a test's)
+    # What the entry point spent before the job, in seconds (summary.json's `startup`):
+    # the interpreter's start (python_s), torch's and RLlib's import (imports_s) and Ray's
+    # start (ray_start_s), the last two overlapped where Ray starts early.
+    startup: dict[str, float | None] = field(default_factory=dict)
 
     @property
     def display_name(self) -> str:

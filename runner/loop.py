@@ -135,7 +135,9 @@ class Training:
             line = check.set_baseline(returns, self.settings.seed)
             if not self.quiet:
                 console.print(line)
+        began = time.perf_counter()
         self.algo = self.run.config.build_algo()
+        self.run.record.setdefault("startup", {})["build_s"] = time.perf_counter() - began
         if self.run.checkpoint is not None:
             self.algo.restore_from_path(str(Path(self.run.checkpoint).resolve()))
             known = (checkpoints.manifest(Path(self.run.checkpoint)) or {}).get(
@@ -162,6 +164,9 @@ class Training:
             start = time.perf_counter()
             result = self.algo.train()
             self.iteration_seconds = time.perf_counter() - start
+        self.run.record.setdefault("startup", {}).setdefault(
+            "first_iteration_s", self.iteration_seconds
+        )
         self._after(result, time.perf_counter() - self.train_start)
         return self.progress.reason
 

@@ -131,7 +131,7 @@ def test_a_local_gpu_learner_reserves_its_gpu_through_ray(environ, monkeypatch, 
     cfg = compose_config(["hardware=h200"])
     job = prepare(typed(cfg))
     assert job.plan.main_gpus == 1
-    run = app.started(job, Job(cfg, tmp_path, []), Trackers(), time.perf_counter(), None, [])
+    run = app.started(job, Job(cfg, tmp_path, []), Trackers(), time.perf_counter(), None, [], {})
     total = ray.cluster_resources()
     assert total["GPU"] == 2 and total[f"accelerator_type:{accelerator_type('h200')}"] == 1
     first = run.config.local_gpu_idx

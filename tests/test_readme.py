@@ -383,6 +383,15 @@ WAYS: dict[str, Way] = {
         ("--seeds", "0", "--pairs", "ppo_cartpole", "--max-seconds", "5"),
         expect="refreshed docs/benchmarks.md",
     ),
+    # docs/benchmarks.md, The main job's wall time: one seed.
+    "python benchmarks/main_job.py --seeds 0,1,2 --readme docs/benchmarks.md": Way(
+        ("--seeds", "0"), expect="refreshed docs/benchmarks.md"
+    ),
+    # docs/benchmarks.md, Off-policy throughput: one preset, two iterations.
+    "python benchmarks/offpolicy_profile.py --iterations 30 --readme docs/benchmarks.md": Way(
+        ("--iterations", "2", "--presets", "tuned_sac_pendulum"),
+        expect="refreshed docs/benchmarks.md",
+    ),
     # docs/benchmarks.md, Runner overhead
     # One repeat a side: both run and the configs compare (the spread needs the five).
     "python benchmarks/overhead.py --iterations 10 --repeats 5": Way(
@@ -632,3 +641,11 @@ def test_main_job_solves_cartpole(workdir: Path):
     summary = json.loads(summary_file.read_text())
     assert summary["stop_reason"].startswith("episode_return_mean")
     assert summary["final_episode_return_mean"] >= 450
+    # Where its start-up went (benchmarks/main_job.py's table): every phase timed, each
+    # within the run's own seconds; Ray started while torch and RLlib imported.
+    startup = summary["startup"]
+    assert set(startup) == {"python_s", "imports_s", "ray_start_s", "build_s", "first_iteration_s"}
+    assert 0 <= startup["python_s"] < 5, startup  # /proc's clock ticks: 10 ms steps
+    timed = [startup[k] for k in ("imports_s", "ray_start_s", "build_s", "first_iteration_s")]
+    assert all(0 < seconds < summary["wall_seconds"] for seconds in timed), startup
+    assert startup["imports_s"] + startup["ray_start_s"] > summary["first_iteration_seconds"]
