@@ -91,7 +91,7 @@ def table(rows: dict[int, dict[str, float]], goal: float) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--seeds", type=training_runs.seeds, default="0,1,2")
     parser.add_argument("--goal", type=float, default=8.0, help="seconds, median wall time")
     parser.add_argument(
         "--readme", type=Path, help="write the table into this page's main-job block"
@@ -99,7 +99,7 @@ def main() -> None:
     args = parser.parse_args()
     training_runs.check_block(args.readme, "main-job")
     with tempfile.TemporaryDirectory() as tmp:
-        rows = {int(s): run(int(s), Path(tmp)) for s in args.seeds.split(",")}
+        rows = {seed: run(seed, Path(tmp)) for seed in args.seeds}
     markdown = table(rows, args.goal)
     print(markdown, end="")
     training_runs.write_block(args.readme, "main-job", markdown)

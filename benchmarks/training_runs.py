@@ -6,6 +6,7 @@ too)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -51,3 +52,12 @@ def write_block(page: Path | None, name: str, markdown: str) -> None:
         return
     page.write_text(replace_block(page.read_text(), name, markdown, page))
     print(f"refreshed {page}")
+
+
+def seeds(text: str) -> list[int]:
+    """`--seeds 0,1,2` as argparse's type: a typo is argparse's one-line error."""
+    try:
+        return [int(s) for s in text.split(",")]
+    except ValueError:
+        message = f"{text!r} is not a comma-separated list of integers"
+        raise argparse.ArgumentTypeError(message) from None

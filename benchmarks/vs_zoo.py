@@ -228,7 +228,7 @@ def versions() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--seeds", type=training_runs.seeds, default="0,1,2")
     parser.add_argument("--pairs", default=",".join(PAIRS), help=f"of {', '.join(PAIRS)}")
     parser.add_argument(
         "--max-seconds", type=float, default=300, help="of training per run; then a miss"
@@ -244,12 +244,11 @@ def main() -> None:
     except ImportError as ex:
         raise SystemExit(f"error: {ex.name} is missing: pip install -e '.[peers]'") from None
     training_runs.check_block(args.readme, "vs-zoo")
-    seeds = [int(s) for s in args.seeds.split(",")]
     results: dict[str, dict[str, list[dict]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
             runs: dict[str, list[dict]] = {side: [] for side in SIDES}
-            for i, seed in enumerate(seeds):
+            for i, seed in enumerate(args.seeds):
                 for side in SIDES if i % 2 == 0 else SIDES[::-1]:
                     work = Path(tmp) / f"{name}_{side}_{seed}"
                     work.mkdir()
@@ -257,7 +256,7 @@ def main() -> None:
                     runs[side].append(result)
                     print(f"{name} seed {seed} {side}: {json.dumps(result)}", flush=True)
             results[name] = runs
-    markdown = table(results, seeds, args.max_seconds, found)
+    markdown = table(results, args.seeds, args.max_seconds, found)
     print(markdown, end="")
     training_runs.write_block(args.readme, "vs-zoo", markdown)
 

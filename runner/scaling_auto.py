@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, cast
 from runner.console import console
 from runner.errors import ConfigError
 from runner.machine import Resources, cpu_model
-from runner.results.files import write_json
+from runner.results.files import read_cached, write_json
 from runner.schema import RunnerConfig, ScalingAutoConfig
 
 if TYPE_CHECKING:
@@ -323,11 +323,8 @@ def choose(
     key = cache_key(settings, plan(settings, resources)[0], resources)
     path = _cache_file(auto, key)
     start = time.perf_counter()
-    rows, source = None, "measured"
-    if not auto.refresh and path.exists():
-        cached = json.loads(path.read_text())
-        if cached.get("key") == key:
-            rows, source = cached["rows"], "cache"
+    cached = None if auto.refresh else read_cached(path, key)
+    rows, source = (cached["rows"], "cache") if cached is not None else (None, "measured")
     if rows is None:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -13,6 +13,7 @@ from conftest import TINY, prepared, run_cli
 
 from runner import scaling_auto
 from runner.machine import local_resources
+from runner.results.files import read_cached, write_json
 from runner.scaling_auto import Layout
 
 # 64 EnvRunners fit no machine the tests run on: the series that asks for them stops there.
@@ -126,3 +127,15 @@ def test_env_runners_with_gpus_leave_local_sampling_out():
         ]
     ).settings
     assert {x.num_env_runners for s in scaling_auto.candidates(settings) for x in s} == {2}
+
+
+def test_a_cache_file_cut_short_or_for_other_settings_is_measured_again(tmp_path: Path):
+    """compile=auto's and scaling=auto's caches read through one helper: a file that is not
+    whole JSON (a full disk, an edit by hand) or holds another key is no entry."""
+    key, path = {"env": "CartPole-v1"}, tmp_path / "layouts.json"
+    assert read_cached(path, key) is None
+    write_json(path, {"key": key, "rows": [{"env_steps_per_s": 1.0}]})
+    assert read_cached(path, key) == {"key": key, "rows": [{"env_steps_per_s": 1.0}]}
+    assert read_cached(path, {"env": "Pendulum-v1"}) is None
+    path.write_text(path.read_text()[:20])
+    assert read_cached(path, key) is None

@@ -54,7 +54,7 @@ from runner.compile.settings import (
 from runner.envs import make_env, random_rollout
 from runner.errors import ConfigError, did_you_mean, one_line
 from runner.machine import cpu_model
-from runner.results.files import write_json
+from runner.results.files import read_cached, write_json
 from runner.schema import COMPONENT_KINDS, AutoConfig, RunnerConfig
 
 KINDS = COMPONENT_KINDS
@@ -445,10 +445,9 @@ def measured_or_cached(
     module, batch = module_and_batch(config, comp)
     key = cache_key(comp, module, batch, auto)
     path = _cache_file(auto, key)
-    if not refresh and path.exists():
-        cached = json.loads(path.read_text())
-        if cached.get("key") == key:
-            return cached["measured"], "cache", time.perf_counter() - start
+    cached = None if refresh else read_cached(path, key)
+    if cached is not None:
+        return cached["measured"], "cache", time.perf_counter() - start
     figures = measure(comp, module, batch, auto)
     write_json(path, {"key": key, "measured": figures})
     return figures, "measured", time.perf_counter() - start
