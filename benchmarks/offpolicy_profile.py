@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import statistics
 import tempfile
 from pathlib import Path
@@ -52,14 +51,11 @@ def profile(work: Path, preset: str, iterations: int) -> dict[str, float]:
         values = [float(r[f"timers/{timer}"]) for r in late if r.get(f"timers/{timer}")]
         return 1000 * statistics.median(values) if values else 0.0
 
-    config = json.loads((run_dir / "algorithm_config.json").read_text())
-    trained = float(rows[-1]["learners/__all_modules__/num_module_steps_trained_lifetime"])
-    updates = trained / config["_train_batch_size_per_learner"]
     return {
         STEP: ms(STEP),
         **{timer: ms(timer) for timer in PHASES},
         "env_steps_per_s": summary["env_steps_per_s"],
-        "updates_per_s": updates / summary["train_seconds"],
+        "updates_per_s": training_runs.updates(run_dir) / summary["train_seconds"],
         "steps_per_iteration": statistics.median(
             float(r["num_training_step_calls_per_iteration"]) for r in late
         ),

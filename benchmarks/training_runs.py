@@ -7,6 +7,7 @@ too)."""
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import subprocess
 import sys
@@ -61,3 +62,14 @@ def seeds(text: str) -> list[int]:
     except ValueError:
         message = f"{text!r} is not a comma-separated list of integers"
         raise argparse.ArgumentTypeError(message) from None
+
+
+def updates(run_dir: Path) -> int:
+    """Gradient updates: the Learner's module steps trained over the samples per update
+    (PPO's minibatch, DQN's and SAC's train batch)."""
+    with open(run_dir / "progress.csv") as f:
+        last = list(csv.DictReader(f))[-1]
+    trained = float(last["learners/__all_modules__/num_module_steps_trained_lifetime"])
+    config = json.loads((run_dir / "algorithm_config.json").read_text())
+    per_update = config.get("minibatch_size") or config["_train_batch_size_per_learner"]
+    return round(trained / per_update)

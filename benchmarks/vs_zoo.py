@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
 import json
 import os
 import statistics
@@ -88,17 +87,6 @@ def _launch(cmd: list[str], cwd: Path, timeout: float, env: dict[str, str] | Non
     return time.perf_counter() - start
 
 
-def _updates(run_dir: Path) -> int:
-    """Gradient updates: the Learner's module steps trained over the samples per update
-    (PPO's minibatch, DQN's and SAC's train batch)."""
-    with open(run_dir / "progress.csv") as f:
-        last = list(csv.DictReader(f))[-1]
-    trained = float(last["learners/__all_modules__/num_module_steps_trained_lifetime"])
-    config = json.loads((run_dir / "algorithm_config.json").read_text())
-    per_update = config.get("minibatch_size") or config["_train_batch_size_per_learner"]
-    return round(trained / per_update)
-
-
 def run_runner(pair: Pair, seed: int, work: Path, max_seconds: float) -> dict:
     run_dir = work / "run"
     cmd = [
@@ -123,7 +111,7 @@ def run_runner(pair: Pair, seed: int, work: Path, max_seconds: float) -> dict:
         "env_steps_to_threshold": check["env_steps_to_threshold"],
         "env_steps": summary["env_steps"],
         "train_seconds": summary["train_seconds"],
-        "updates": _updates(run_dir),
+        "updates": training_runs.updates(run_dir),
     }
 
 
