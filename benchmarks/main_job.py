@@ -7,7 +7,7 @@ rest (`startup`): the interpreter's start, torch's and RLlib's import and Ray's 
 first iteration; training is RLlib's iterations from the build on; teardown is what the
 process spends after its record is written (the Algorithm's and Ray's shutdown). One row
 per seed, then the medians. `--readme docs/benchmarks.md` writes the table into that
-page's `main-job` block.
+page's `main-job` block; `--out DIR` keeps each seed's run dir there (DIR/seed_S).
 
     python benchmarks/main_job.py --seeds 0,1,2 --readme docs/benchmarks.md
 """
@@ -96,10 +96,13 @@ def main() -> None:
     parser.add_argument(
         "--readme", type=Path, help="write the table into this page's main-job block"
     )
+    parser.add_argument("--out", type=Path, help="keep the runs here (default: discarded)")
     args = parser.parse_args()
     training_runs.check_block(args.readme, "main-job")
     with tempfile.TemporaryDirectory() as tmp:
-        rows = {seed: run(seed, Path(tmp)) for seed in args.seeds}
+        work = Path(tmp) if args.out is None else args.out.resolve()
+        work.mkdir(parents=True, exist_ok=True)
+        rows = {seed: run(seed, work) for seed in args.seeds}
     markdown = table(rows, args.goal)
     print(markdown, end="")
     training_runs.write_block(args.readme, "main-job", markdown)

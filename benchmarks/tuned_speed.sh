@@ -4,14 +4,13 @@
 # env-step budget would take at that rate. With no names, the presets docs/tuned.md lists
 # as not verified (or verified on fewer seeds) here:
 #   bash benchmarks/tuned_speed.sh
-#   SECS=120 bash benchmarks/tuned_speed.sh tuned_dqn_mountaincar
+#   SECS=120 bash benchmarks/tuned_speed.sh tuned_ppo_mountaincar
 set -uo pipefail
 out=${OUT:-outputs/tuned_speed}
 secs=${SECS:-45}
 py=${PYTHON:-python}
 if [ $# -eq 0 ]; then
-  set -- tuned_dqn_acrobot tuned_dqn_mountaincar tuned_dqn_lunarlander tuned_ppo_mountaincar \
-    tuned_ppo_lunarlander
+  set -- tuned_ppo_mountaincar tuned_ppo_lunarlander
 fi
 mkdir -p "$out"
 for name in "$@"; do

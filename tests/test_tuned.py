@@ -26,9 +26,6 @@ TUNED = {
     "tuned_ppo_multi_agent_cartpole": (900, 400_000),
     "tuned_appo_pong": (18, 10_000_000),
     "tuned_ppo_acrobot": (-91.7, 1_000_000),
-    "tuned_dqn_acrobot": (-88.4, 100_000),
-    "tuned_dqn_mountaincar": (-110.8, 120_000),
-    "tuned_dqn_lunarlander": (75.1, 100_000),
     "tuned_ppo_mountaincar": (-129.9, 1_000_000),
     "tuned_ppo_lunarlander": (210.3, 1_000_000),
     # No source states one: the threshold is a random policy's return, measured by the run.
@@ -88,7 +85,7 @@ def test_settings_reach_rllib_as_the_examples_set_them():
 
 
 # conf/tuned/<algo>_<env>.yaml: the experiment whose hyperparameters it holds.
-TUNED_FILES = {
+TUNED_FILES: dict[str, str | None] = {
     "dqn_cartpole": "tuned_dqn_cartpole",
     "sac_pendulum": "tuned_sac_pendulum",
     "ppo_pendulum": "tuned_ppo_pendulum",
@@ -96,9 +93,8 @@ TUNED_FILES = {
     "impala_cartpole": "tuned_impala_cartpole",
     "ppo_multi_agent_cartpole": "tuned_ppo_multi_agent_cartpole",
     "ppo_acrobot": "tuned_ppo_acrobot",
-    "dqn_acrobot": "tuned_dqn_acrobot",
-    "dqn_mountaincar": "tuned_dqn_mountaincar",
-    "dqn_lunarlander": "tuned_dqn_lunarlander",
+    # No preset: the hyperparameters alone (docs/tuned.md, "Removed presets").
+    "dqn_acrobot": None,
     "ppo_mountaincar": "tuned_ppo_mountaincar",
     "ppo_lunarlander": "tuned_ppo_lunarlander",
     "ppo_simple_spread": "tuned_ppo_simple_spread",
@@ -131,11 +127,15 @@ def test_an_algo_and_env_pair_gets_its_tuned_file_and_the_experiment_adds_scale_
     composed = OmegaConf.to_container(compose_config([f"algo={algo}", f"env={env}"]).algo)
     assert _within(written, composed)
     assert plain.warnings == [] or all(pair not in w for w in plain.warnings)
-    experiment = prepared([f"experiment={TUNED_FILES[pair]}"])
+    name = TUNED_FILES[pair]
+    if name is None:  # no preset states a criterion for it
+        assert not (Path(CONFIG_DIR) / "experiment" / f"tuned_{pair}.yaml").exists()
+        return
+    experiment = prepared([f"experiment={name}"])
     assert experiment.settings.tuned == plain.settings.tuned
     assert experiment.settings.tuned.source == experiment.settings.check.source
     # The experiment file holds no hyperparameter of the tuned file's.
-    own = OmegaConf.load(Path(CONFIG_DIR) / "experiment" / f"{TUNED_FILES[pair]}.yaml")
+    own = OmegaConf.load(Path(CONFIG_DIR) / "experiment" / f"{name}.yaml")
     assert not set(own.get("algo", {}).get("training", {})) & set(written.get("training", {}))
 
 
