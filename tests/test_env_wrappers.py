@@ -83,8 +83,8 @@ def test_a_multi_agent_env_gets_a_policy_per_agent_or_one_shared():
     ("overrides", "expected"),
     [
         (["algo=ppo", "env.policies=per_agent", *TINY, "stop.iterations=2"], {"0", "1"}),
-        # APPO's iteration is long enough to end episodes: one will do.
-        (["algo=appo", "env.policies=shared", "stop.iterations=1"], {"shared"}),
+        # debug=tiny's APPO iteration (at least 1 s) ends episodes: one will do.
+        (["debug=tiny", "algo=appo", "env.policies=shared"], {"shared"}),
     ],
     ids=["ppo-per_agent", "appo-shared"],
 )

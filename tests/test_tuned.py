@@ -182,6 +182,7 @@ def test_atari_experiment_trains_at_scale_local(cli):
         "algo.training.train_batch_size_per_learner=200",
         "algo.training.minibatch_size=100",
         "checkpoint.at_end=false",
+        "++algo.reporting.min_time_s_per_iteration=1",  # RLlib's APPO: at least 10 s
     )
     assert result.returncode == 0, result.stderr
     summary = result.json("summary.json")
