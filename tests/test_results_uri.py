@@ -352,8 +352,11 @@ def test_a_store_lost_while_training_is_a_warning_and_the_last_copy_fails_the_jo
         result = run_cli(
             tmp_path,
             *TINY_LOCAL,
-            "stop.iterations=4",
+            # Each copy to the lost store takes pyarrow's S3 retries, about 6 s here: two
+            # after the loss, the second checkpoint's and the job's last.
+            "stop.iterations=2",
             "checkpoint.every=1",
+            "checkpoint.keep=1",
             f"results.uri={URI}",
             run_dir="outputs/runs/lost",
             env=env,
@@ -366,5 +369,5 @@ def test_a_store_lost_while_training_is_a_warning_and_the_last_copy_fails_the_jo
     assert "warning: results.uri=s3://my-bucket/rllib: copying to" in out, out[-3000:]
     assert "results.uri=s3://my-bucket/rllib: copying to" in result.stderr.splitlines()[-1]
     summary = result.json("summary.json")
-    assert summary["status"] == "finished" and summary["iterations"] == 4
-    assert len(checkpoints.complete(result.run_dir)) == 3  # checkpoint.keep
+    assert summary["status"] == "finished" and summary["iterations"] == 2
+    assert [p.name for p in checkpoints.complete(result.run_dir)] == ["iter_000002"]  # keep=1
