@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # How long a tuned preset's budget takes here: each experiment trains for $SECS seconds
 # (its check off), then this prints its env steps per second and the hours its check's
-# env-step budget would take at that rate. With no names, the presets docs/tuned.md lists
-# as not verified (or verified on fewer seeds) here:
+# env-step budget would take at that rate. With no names, the two PPO presets whose budgets
+# docs/tuned.md shows (MountainCar's verified on fewer seeds):
 #   bash benchmarks/tuned_speed.sh
 #   SECS=120 bash benchmarks/tuned_speed.sh tuned_ppo_mountaincar
 set -uo pipefail
