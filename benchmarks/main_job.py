@@ -101,7 +101,12 @@ def main() -> None:
     training_runs.check_block(args.readme, "main-job")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp) if args.out is None else args.out.resolve()
-        work.mkdir(parents=True, exist_ok=True)
+        try:
+            work.mkdir(parents=True, exist_ok=True)
+        except OSError as ex:
+            raise SystemExit(
+                f"error: --out {args.out}: {ex.strerror}; pick a dir you can write"
+            ) from None
         rows = {seed: run(seed, work) for seed in args.seeds}
     markdown = table(rows, args.goal)
     print(markdown, end="")

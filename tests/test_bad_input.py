@@ -314,3 +314,41 @@ def test_the_cli_prints_the_one_line_and_exits_2(tmp_path: Path):
     assert line.startswith("error: unknown config key") and "did you mean" in line, line
     assert "Traceback" not in proc.stdout + proc.stderr
     assert time.perf_counter() - start < 30
+
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+# The benchmarks' own arguments, refused before anything trains: (script and arguments,
+# exit code: argparse's 2, the script's own refusal 1, and the last line's text).
+BENCHMARK_CASES = {
+    "a seed list with a typo": (
+        ["main_job.py", "--seeds", "0,x"],
+        2,
+        "error: argument --seeds: ",
+    ),
+    "an --out it cannot write": (
+        ["main_job.py", "--seeds", "0", "--out", "/proc/rllib-runner"],
+        1,
+        "error: --out /proc/rllib-runner: ",
+    ),
+    "an unknown preset": (
+        ["offpolicy_profile.py", "--presets", "tuned_dqn_cartpol"],
+        1,
+        "error: unknown preset 'tuned_dqn_cartpol'",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", BENCHMARK_CASES)
+def test_a_benchmark_refuses_bad_arguments_in_one_line(name: str, tmp_path: Path):
+    args, code, text = BENCHMARK_CASES[name]
+    proc = subprocess.run(
+        [sys.executable, str(BENCHMARKS / args[0]), *args[1:]],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == code, proc.stderr
+    line = proc.stderr.strip().splitlines()[-1]
+    assert text in line and "Traceback" not in proc.stderr, proc.stderr
+    assert not any(tmp_path.iterdir())
