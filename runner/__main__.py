@@ -95,7 +95,8 @@ def _app(cfg: DictConfig) -> None:
         print(f"error: job {hydra_cfg.job.num}: {message}", file=sys.stderr)
         return
     finally:
-        if in_sweep and not keep_ray:
+        # Before the exit, not from Ray's exit handler, which sleeps 0.5 s first.
+        if not keep_ray:
             stop_ray()
     if in_sweep:
         status = "dry_run" if cfg.dry_run else "finished"
