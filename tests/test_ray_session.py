@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import ray
+import shared_ray
 from conftest import TINY, compose_config
 from simulated_gpu import accelerator_type, simulate
 
@@ -59,8 +60,32 @@ def test_jobs_with_the_same_settings_share_a_ray_and_other_settings_get_a_new_on
     assert _node() == first
     ray_session.start_ray(RayConfig(num_cpus=2))
     assert _node() != first and ray.cluster_resources()["CPU"] == 2
+    # stop_ray kills this Ray's autoscaler monitor first (Ray's shutdown would wait 1 s on
+    # it), and no other: the shared Ray's (`ray start`, a child of this process too) stays.
+    shared_ray.env()
+    ours = ray.get_runtime_context().gcs_address
+    before = _monitors()
+    assert ours in before.values() and len(set(before.values())) == 2, before
     ray_session.stop_ray()
     assert not ray.is_initialized()
+    after = _monitors()
+    assert ours not in after.values() and after == {
+        pid: gcs for pid, gcs in before.items() if gcs != ours
+    }
+
+
+def _monitors() -> dict[int, str]:
+    """Ray autoscaler monitors below this process: pid -> the GCS address it serves."""
+    found = {}
+    for pid in ray_session.descendants(os.getpid()):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_text().split("\0")
+        except OSError:
+            continue
+        if any(a.endswith("autoscaler/_private/monitor.py") for a in argv):
+            (gcs,) = [a.split("=", 1)[1] for a in argv if a.startswith("--gcs-address=")]
+            found[pid] = gcs
+    return found
 
 
 @pytest.mark.slow
