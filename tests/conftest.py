@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 # Ray reads its auth mode once, when it is first imported: this process joins the shared
 # Ray (tests/shared_ray.py) with its token, and every Ray a run starts here takes the same
@@ -31,10 +32,12 @@ from omegaconf import DictConfig  # noqa: E402
 
 from runner import CONFIG_DIR  # noqa: E402
 from runner.api import register_configs  # noqa: E402
-from runner.app import Prepared, prepare  # noqa: E402
 from runner.schema import typed  # noqa: E402
 
 register_configs()
+
+if TYPE_CHECKING:
+    from runner.app import Prepared
 
 # The one tiny-run setting: a PPO batch a 2-core CPU gets through in about a second...
 TINY_BATCH = (
@@ -147,7 +150,11 @@ def joins_shared_ray(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def prepared(overrides: list[str] | tuple[str, ...] = ()) -> Prepared:
-    """Typed settings, task, compile spec, AlgorithmConfig and plan, as a run makes them."""
+    """Typed settings, task, compile spec, AlgorithmConfig and plan, as a run makes them.
+    (runner.app, with torch and RLlib, imported here: pytest-xdist's controller process
+    loads this file too, and runs no test.)"""
+    from runner.app import prepare
+
     return prepare(typed(compose_config(overrides)))
 
 
