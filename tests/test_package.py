@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,10 +17,16 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory) -> Path:
-    """The wheel installed into a dir of its own; commands run with it first on the path."""
+    """The wheel installed into a dir of its own; commands run with it first on the path.
+    Built from a copy of the checkout without its build outputs: setuptools builds in the
+    source's build/, where a file deleted from runner/ or conf/ since the last build stays
+    and would be shipped."""
     tmp = tmp_path_factory.mktemp("wheel")
+    source = tmp / "source"
+    outputs = ("build", "*.egg-info", ".venv*", ".git", "outputs", ".*_cache", ".gpu_bundle")
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(*outputs, "__pycache__"))
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", str(ROOT), "-w", str(tmp)],
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", str(source), "-w", str(tmp)],
         check=True,
         capture_output=True,
     )
