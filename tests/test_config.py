@@ -9,7 +9,7 @@ from conftest import compose_config, prepared
 from omegaconf import DictConfig
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 
-from runner import CONFIG_DIR, algorithm_config, placement
+from runner import CONFIG_DIR, algorithm_config, placement, published
 from runner.compile.settings import resolve
 from runner.errors import ConfigError
 from runner.machine import local_resources
@@ -32,10 +32,15 @@ def built(cfg: DictConfig) -> tuple[RunnerConfig, AlgorithmConfig]:
 
 
 GROUPS = ("hardware", "compile", "scaling", "algo", "env", "task", "experiment")
+# The reproductions' experiment files (generated from the published tables) are built,
+# planned and preflighted each in tests/test_reproductions.py, on this machine and scaled
+# down: not a second time here.
+REPRODUCTIONS = set(published.experiments())
 OPTIONS = [
     (group, path.stem)
     for group in GROUPS
     for path in sorted((Path(CONFIG_DIR) / group).glob("*.yaml"))
+    if not (group == "experiment" and path.stem in REPRODUCTIONS)
 ]
 
 
