@@ -21,6 +21,7 @@ from runner.errors import ConfigError, did_you_mean
 from runner.machine import Resources, capability_tuple, has_kernels, is_gpu_of
 from runner.plan import ASYNC_ENVS, Plan
 from runner.schema import AUTO, Accelerator, RunnerConfig
+from runner.short_stack import on_short_stack
 
 # Async env processes per CPU past which stepping them is slower than sync vectorization.
 ASYNC_ENVS_PER_CPU = 2
@@ -305,7 +306,7 @@ def _forward_pass(settings: RunnerConfig, config: AlgorithmConfig, env: Any) -> 
         INPUT_ENV_SINGLE_SPACES: (env.observation_space, env.action_space),
     }
     try:
-        connectors = config.build_env_to_module_connector(env=vector, spaces=spaces)
+        connectors = on_short_stack(config.build_env_to_module_connector, env=vector, spaces=spaces)
         spaces[DEFAULT_MODULE_ID] = (connectors.observation_space, env.action_space)
     except Exception as ex:
         raise ConfigError(

@@ -21,6 +21,7 @@ from ray.rllib.core.rl_module.rl_module import RLModule
 from runner.envs import make_env, setting
 from runner.errors import ConfigError
 from runner.schema import EnvConfig
+from runner.short_stack import on_short_stack
 
 # Where RLlib's Algorithm checkpoint keeps the Learner's modules (one dir per module id).
 MODULES = Path("learner_group", "learner", "rl_module")
@@ -74,7 +75,8 @@ def env_to_module(config: AlgorithmConfig, env: EnvConfig) -> tuple[ConnectorPip
         built.close()
     spaces = {"__env__": (batch_space(obs, 1), batch_space(act, 1)), "__env_single__": (obs, act)}
     # RLlib builds a pipeline, and types it as the ConnectorV2 base.
-    return cast(ConnectorPipelineV2, config.build_env_to_module_connector(spaces=spaces)), act
+    pipeline = on_short_stack(config.build_env_to_module_connector, spaces=spaces)
+    return cast(ConnectorPipelineV2, pipeline), act
 
 
 def check_fits(

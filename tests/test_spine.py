@@ -37,6 +37,7 @@ LAYERS = [
         "plan",
         "user_code",
         "ray_session",
+        "short_stack",
         "env_runner_errors",
         "search",
         "results.files",
