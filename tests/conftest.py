@@ -67,10 +67,10 @@ def pytest_itemcollected(item: pytest.Item) -> None:
         item.add_marker(pytest.mark.xdist_group(item.module.__name__))
 
 
-# Modules whose tests build configs, plans and help pages or run the type check only: they
-# never start or join a Ray, so they run beside an `alone` test (whose `ray stop` stops only
-# Ray's processes).
-RAY_FREE = {"test_config", "test_preflight", "test_help", "test_types"}
+# Modules whose tests build configs, plans and help pages, run the type check, or run pytest
+# on a suite of their own only: they never start or join a Ray, so they run beside an
+# `alone` test (whose `ray stop` stops only Ray's processes).
+RAY_FREE = {"test_config", "test_preflight", "test_help", "test_types", "test_suite_settings"}
 
 
 def _ray_free(item: pytest.Item) -> bool:
