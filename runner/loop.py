@@ -30,7 +30,6 @@ from runner.errors import RunnerError, one_line
 from runner.masking import MAIN
 from runner.results import checkpoints, record
 from runner.results.files import flatten_numbers, headline
-from runner.short_stack import on_short_stack
 from runner.shutdown import Watch, signal_name
 from runner.tasks.base import TaskRun
 
@@ -137,7 +136,7 @@ class Training:
             if not self.quiet:
                 console.print(line)
         began = time.perf_counter()
-        self.algo = on_short_stack(self.run.config.build_algo)
+        self.algo = self.run.config.build_algo()
         self.run.record.setdefault("startup", {})["build_s"] = time.perf_counter() - began
         if self.run.checkpoint is not None:
             self.algo.restore_from_path(str(Path(self.run.checkpoint).resolve()))

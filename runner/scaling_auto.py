@@ -33,7 +33,6 @@ from runner.errors import ConfigError
 from runner.machine import Resources, cpu_model
 from runner.results.files import read_cached, write_json
 from runner.schema import RunnerConfig, ScalingAutoConfig
-from runner.short_stack import on_short_stack
 
 if TYPE_CHECKING:
     from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
@@ -138,9 +137,7 @@ def measure(config: AlgorithmConfig, seconds: float) -> dict[str, Any]:
     from ray.rllib.execution.rollout_ops import synchronous_parallel_sample
 
     start = time.perf_counter()
-    group = on_short_stack(
-        EnvRunnerGroup, config=config, local_env_runner=config.num_env_runners == 0
-    )
+    group = EnvRunnerGroup(config=config, local_env_runner=config.num_env_runners == 0)
     try:
         build_seconds = time.perf_counter() - start
         batch = max(1, config.total_train_batch_size)

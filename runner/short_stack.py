@@ -1,10 +1,16 @@
-"""RLlib's builds, run on a thread of their own: a short stack.
+"""RLlib's connector pipelines, built on a thread of their own: a short stack.
 
 Each RLlib connector piece (`ConnectorV2.__init__`) calls `inspect.stack()`, which reads
 every frame of its caller's stack; a frame of code that is no file (`<frozen runpy>` under
 `python -m runner`, `<string>` under exec, a notebook's cell) costs inspect a scan of
-every module loaded (about 5 ms each with RLlib imported), per piece, and a run builds
-dozens of pieces. On a fresh thread the stack is that thread's few frames.
+every module loaded (about 5 ms each with RLlib imported), per piece. On a fresh thread
+the stack is that thread's few frames.
+
+Only for builds that never wait on Ray (the driver's env-to-module pipelines): a build
+that a signal or the watchdog breaks into runs on unwaited, and one waiting on Ray (the
+Algorithm's, an EnvRunnerGroup's) would then call into the Ray its job is shutting down,
+which can take the process down (a segfault). Those stay on the caller's thread, where
+the interruption unwinds the build itself.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -482,7 +483,10 @@ def test_guard_warn_goes_on_past_a_nan(tmp_path: Path):
 
 @pytest.mark.slow
 def test_stall_stops_with_what_ray_waits_for(tmp_path: Path):
-    """More EnvRunners than CPUs, past the preflight: Ray never places the third."""
+    """More EnvRunners than CPUs, past the preflight: Ray never places the third. The
+    Algorithm's build, which the watchdog broke into, unwound: nothing of it runs on in
+    this process (the CLI's entry point runs here) against a Ray the job let go."""
+    before = set(threading.enumerate())
     result = run_cli(
         tmp_path,
         *TINY,
@@ -499,6 +503,7 @@ def test_stall_stops_with_what_ray_waits_for(tmp_path: Path):
     assert "free: 0 of 2 CPU" in line
     assert result.json("summary.json")["status"] == "stalled"
     assert result.seconds < 60
+    assert not [t.name for t in threading.enumerate() if t not in before]
     record(
         "3 EnvRunners on 2 CPUs, preflight.strict=false, watchdog.seconds=5",
         result.returncode,

@@ -26,7 +26,6 @@ from runner.console import console, progress
 from runner.errors import ConfigError
 from runner.results.files import EVAL, versions, write_csv, write_json
 from runner.schema import RunnerConfig, TaskSettings
-from runner.short_stack import on_short_stack
 from runner.tasks.base import Task, TaskRun, own_settings
 
 if TYPE_CHECKING:  # light at import: the task's heavy modules load when it runs
@@ -196,7 +195,7 @@ def run(run: TaskRun) -> None:
     settings, run_dir = run.settings, run.files
     task = own_settings(settings, EvaluateSettings)
     assert run.checkpoint is not None  # app.run resolves checkpoint= before the task runs
-    algo = on_short_stack(run.config.build_algo)
+    algo = run.config.build_algo()
     videos: list[str] = []
     try:
         algo.restore_from_path(str(run.checkpoint.resolve()))
