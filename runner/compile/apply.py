@@ -15,21 +15,21 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 import torch
-import torch._dynamo
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.core.columns import Columns
 from ray.rllib.core.rl_module.multi_rl_module import MultiRLModule
 from ray.rllib.utils.actor_manager import RemoteCallResults
-from torch._dynamo.callback import CallbackArgs, CallbackTrigger, callback_handler
-from torch._dynamo.utils import counters
 
 from runner.compile.settings import MODE_BACKENDS, CompileSpec
 from runner.schema import AUTO
 from runner.user_code import beside
+
+if TYPE_CHECKING:  # dynamo (about 1 s to import) loads where a compile runs, not before
+    from torch._dynamo.callback import CallbackArgs
 
 ENV_RUNNER_METHODS = ("_forward_exploration", "_forward_inference")
 LEARNER_METHODS = ("_forward_train",)
@@ -82,10 +82,15 @@ SKIP_PREFIX = "skipping cudagraphs due to "
 
 def counts() -> dict[str, int]:
     """The process-wide counters COUNTED names, now."""
+    from torch._dynamo.utils import counters
+
     return {name: counters[group][key] for name, (group, key) in COUNTED.items()}
 
 
 def _count_recording(args: CallbackArgs) -> None:
+    from torch._dynamo.callback import CallbackTrigger
+    from torch._dynamo.utils import counters
+
     if args.callback_trigger == CallbackTrigger.CUDAGRAPH_RECORDING:
         counters["cudagraphs"]["recordings"] += 1
 
@@ -120,6 +125,8 @@ def watch_cuda_graphs() -> None:
 
     Inductor counts only skips: a CUDA-graph mode that never recorded a graph would
     otherwise look like compile took full effect."""
+    from torch._dynamo.callback import callback_handler
+
     if _count_recording not in callback_handler.end_callbacks:
         callback_handler.register_end_callback(_count_recording)
     for name in SKIP_LOGGERS:
