@@ -21,11 +21,12 @@ from typing import TYPE_CHECKING
 # token, so the runs called in this process may join one and start another.
 os.environ.setdefault("RAY_AUTH_MODE", "token")
 os.environ.setdefault("RAY_AUTH_TOKEN", uuid.uuid4().hex)
-# Tests run two at a time (`-n 2`): each worker's torch (and the runs it starts) gets its
-# share of the cores for intra-op threads, as Ray gives each 1-CPU actor one, not torch's
-# default of every core, where the two workers' OpenMP threads spin against each other
-# (the suite's in-process training tests take about a fifth less wall time with one thread
-# each, measured here). Set before torch imports.
+# Tests run several at a time (`-n auto`, pytest_xdist_auto_num_workers below): each
+# worker's torch (and the runs it starts) gets its share of the cores for intra-op threads,
+# at least one, as Ray gives each 1-CPU actor one, not torch's default of every core, where
+# the workers' OpenMP threads spin against each other (the suite's in-process training
+# tests take about a fifth less wall time with one thread each, measured here). Set before
+# torch imports.
 if workers := os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     share = max(1, (os.cpu_count() or 1) // int(workers))
     os.environ.setdefault("OMP_NUM_THREADS", str(share))
@@ -57,6 +58,17 @@ TINY_BATCH = (
 )
 # ...two envs per EnvRunner, and no stop at a return (a test's own stop.* decides).
 TINY = [*TINY_BATCH, "scaling.num_envs_per_env_runner=2", "stop.episode_return_mean=null"]
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto`: one worker per core, and one more when the slow tests run. They wait on
+    processes they start (Ray's, the actors', the CLI's): with one worker per core, the
+    cores sat idle 14 % of a full run here (191 of 1,412 core-seconds, /proc sampled each
+    0.5 s); a third worker took that to 5 % (67 of 1,249), and the run from 776 and 705 s
+    to 623 s. The fast subset computes in-process: a third worker made it slower (63.0 and
+    65.5 s -> 72.5 and 83.6 s, alternated)."""
+    cores = os.cpu_count() or 1
+    return cores if "not slow" in (config.getoption("markexpr") or "") else cores + 1
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:
@@ -108,7 +120,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @contextlib.contextmanager
 def _share_the_machine(alone: bool) -> Iterator[None]:
-    """Under pytest-xdist (`-n 2`, the README's test command) two tests run at once. A
+    """Under pytest-xdist (`-n auto`, the README's test command) tests run at once. A
     test marked `alone` runs while no other does (its setup and teardown too): it stops
     every Ray on the machine (`ray stop`), or bounds how fast a fault is handled. The
     others share a lock (the Ray-free ones need none); the gate stops new tests from
