@@ -16,14 +16,13 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import cli_call
 import pytest
 import yaml
 from conftest import cli_env, compose_config, prepared, run_cli
-from mlflow.tracking import MlflowClient
 from readme import commands
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from test_readme import run_block
 from wandb_records import offline_run
 
@@ -32,6 +31,9 @@ from runner.errors import ConfigError, RunnerError, one_line
 from runner.results import checkpoints
 from runner.schema import typed
 from runner.tasks.tune import _callbacks
+
+if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
 
 README_SECTION = "Search and track"
 RETURN = "env_runners/episode_return_mean"
@@ -77,7 +79,11 @@ def printed(outputs: Path, fragment: str) -> str:
 
 @pytest.fixture(scope="module")
 def mlflow_client(outputs: Path) -> MlflowClient:
-    """MLflow's own client on the default store the README's commands logged to."""
+    """MLflow's own client on the default store the README's commands logged to (MLflow,
+    and TensorBoard's reader below, imported where used: each xdist worker imports this
+    module to collect it, and its fast tests read neither)."""
+    from mlflow.tracking import MlflowClient
+
     return MlflowClient(f"sqlite:///{outputs / 'mlflow.db'}")
 
 
@@ -230,6 +236,8 @@ def test_wandb_gets_every_metric_under_rllibs_names_on_env_steps(outputs: Path):
     assert recorded["summary"]["best_eval_return_mean"] == pytest.approx(
         summary["best_eval_return_mean"]
     )
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     events = EventAccumulator(str(run / "tensorboard"))
     events.Reload()
     assert [e.step for e in events.Scalars(EVAL_RETURN)] == steps

@@ -14,13 +14,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from wandb.proto import wandb_internal_pb2
-
 BLOCK = 32768
 FULL, LAST = 1, 4
 
 
 def records(path: Path) -> Iterator[Any]:
+    # Imported here: wandb's protobufs take ~0.7 s, and every xdist worker imports this
+    # module while it collects tests/test_tune.py, whose fast tests read no run.
+    from wandb.proto import wandb_internal_pb2
+
     data = path.read_bytes()
     assert data[:4] == b":W&B", f"{path} is not a W&B run file"
     pos, pieces = 7, b""
