@@ -63,10 +63,11 @@ TINY = [*TINY_BATCH, "scaling.num_envs_per_env_runner=2", "stop.episode_return_m
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """`-n auto`: one worker per core, and one more when the slow tests run. They wait on
     processes they start (Ray's, the actors', the CLI's): with one worker per core, the
-    cores sat idle 14 % of a full run here (191 of 1,412 core-seconds, /proc sampled each
-    0.5 s); a third worker took that to 5 % (67 of 1,249), and the run from 776 and 705 s
-    to 623 s. The fast subset computes in-process: a third worker made it slower (63.0 and
-    65.5 s -> 72.5 and 83.6 s, alternated)."""
+    cores sat idle 12-14 % of a full run here (/proc sampled each 0.5 s), with a third
+    4-5 %. Full runs with two workers took 776, 705 and 811 s, with three 623 and 777 s
+    (the last pair back to back; three workers also spend more CPU on the same tests). The
+    fast subset computes in-process: a third worker made it slower (63.0 and 65.5 s ->
+    72.5 and 83.6 s, alternated)."""
     cores = os.cpu_count() or 1
     return cores if "not slow" in (config.getoption("markexpr") or "") else cores + 1
 
