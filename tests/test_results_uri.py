@@ -88,16 +88,24 @@ def _client(env: dict[str, str]):
     )
 
 
-def _keys(env: dict[str, str], prefix: str) -> dict[str, bytes]:
-    """Every object under `prefix` of the bucket, read back with boto3 (not the runner)."""
-    client, found = _client(env), {}
+def _names(env: dict[str, str], prefix: str) -> list[str]:
+    """The keys under `prefix` of the bucket, listed with boto3 (not the runner). A run that
+    is still copying and pruning is only listed: a key listed may be gone when it is read."""
+    client, found = _client(env), []
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix):
         for item in page.get("Contents", []):
-            if item["Key"].endswith("/"):
-                continue  # a dir marker: pyarrow keeps one where it deleted (the probe's)
-            body = client.get_object(Bucket=BUCKET, Key=item["Key"])["Body"].read()
-            found[item["Key"][len(prefix) :].lstrip("/")] = body
+            if not item["Key"].endswith("/"):  # a dir marker: pyarrow keeps one where it deleted
+                found.append(item["Key"])
     return found
+
+
+def _keys(env: dict[str, str], prefix: str) -> dict[str, bytes]:
+    """Every object under `prefix` of a finished run, read back with boto3 (not the runner)."""
+    client = _client(env)
+    return {
+        key[len(prefix) :].lstrip("/"): client.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+        for key in _names(env, prefix)
+    }
 
 
 def _whole_or_unchosen(env: dict[str, str], run_uri: str) -> list[str]:
@@ -219,7 +227,7 @@ def test_a_killed_run_leaves_only_whole_checkpoints_there(s3, tmp_path) -> None:
     prefix = f"{PREFIX}/outputs/runs/killed/checkpoints/"
     deadline = time.monotonic() + 300
     try:
-        while sum(k.endswith("manifest.json") for k in _keys(s3, prefix)) < 2:
+        while sum(k.endswith("manifest.json") for k in _names(s3, prefix)) < 2:
             assert proc.poll() is None and time.monotonic() < deadline, "no checkpoints came"
             time.sleep(0.2)
         time.sleep(1.5)  # into the next iteration's copy, or near it
@@ -339,7 +347,7 @@ def test_a_store_lost_while_training_is_a_warning_and_the_last_copy_fails_the_jo
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             try:
-                if any(k.endswith("manifest.json") for k in _keys(env, f"{PREFIX}/outputs")):
+                if any(k.endswith("manifest.json") for k in _names(env, f"{PREFIX}/outputs")):
                     break
             except Exception:
                 pass
