@@ -17,6 +17,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 START = time.perf_counter()
 
@@ -29,26 +30,24 @@ from runner import CONFIG_DIR  # noqa: E402
 from runner.api import composed, register_configs  # noqa: E402
 from runner.errors import RunnerError, one_line  # noqa: E402
 from runner.job import Job  # noqa: E402
-from runner.overrides import with_checkpoint_alias  # noqa: E402
-from runner.shutdown import Interrupted, install_default  # noqa: E402
+from runner.overrides import normalized  # noqa: E402
+from runner.results.files import REFUSED, read_status  # noqa: E402
+from runner.shutdown import install_default, interrupted  # noqa: E402
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
 def _app(cfg: DictConfig) -> None:
-    """One job. In a sweep its outcome goes to job.json, and a failure lets the sweep go on."""
+    """One job. In a sweep its outcome goes to job.json, and a failure lets the sweep go on.
+    Its settings are checked before torch, Ray and RLlib are imported (bad input is one
+    line in about a second); a job that ends before its task runs leaves its record."""
+    from runner.results.jobs import ERROR_FILE, earlier_attempt, write_job
+    from runner.results.record import ended_early
+
     hydra_cfg = HydraConfig.get()
     in_sweep = hydra_cfg.mode == RunMode.MULTIRUN
-    startup = {} if in_sweep else {"python_s": _python_seconds()}
-    startup |= _start_ray_early(cfg, hydra_cfg.runtime.choices["task"])
-    began = time.perf_counter()
-    from runner.app import run
-    from runner.ray_session import stop_ray
-    from runner.results.jobs import ERROR_FILE, earlier_attempt, write_job
-    from runner.sweep import summarize
-
-    startup.setdefault("imports_s", time.perf_counter() - began)
     job_dir = Path(hydra_cfg.runtime.output_dir)
     overrides = list(hydra_cfg.overrides.task)
+    choices: dict[str, Any] = OmegaConf.to_container(hydra_cfg.runtime.choices)  # type: ignore[assignment]  # a dict node's container
     job_start = time.perf_counter()
     carry_on = None
     if in_sweep:
@@ -56,33 +55,51 @@ def _app(cfg: DictConfig) -> None:
         if skip:
             print(f"job {hydra_cfg.job.num}: finished in an earlier run of this sweep, skipped")
             return
-    job = Job(
-        cfg=cfg,
-        run_dir=job_dir,
-        overrides=overrides,
-        choices=OmegaConf.to_container(hydra_cfg.runtime.choices),  # type: ignore[arg-type]  # a dict node
-        sweep_dir=Path(hydra_cfg.sweep.dir) if in_sweep else None,
-        number=hydra_cfg.job.num if in_sweep else None,
-        compose=composed,  # Hydra's compose API, inside the app Hydra set up
-        startup=startup,
-    )
     # Hydra's basic launcher runs a sweep's jobs one after another in this process: a job
     # leaves its Ray to the next (started again only for other ray.* settings) unless it
     # failed. Other launchers' jobs (joblib's worker processes) each stop their own.
     keep_ray = in_sweep and hydra_cfg.launcher._target_.endswith(".BasicLauncher")
+    start = START if not in_sweep else job_start
+
+    def record_end(ex: BaseException) -> None:
+        known = {"overrides": overrides, "choices": choices}
+        ended_early(job_dir, choices["task"], ex, time.perf_counter() - start, known)
+
     try:
-        totals = run(job, START if not in_sweep else job_start, carry_on)
-    except Interrupted as stop:
+        _check_settings(cfg)
+        startup = {} if in_sweep else {"python_s": _python_seconds()}
+        startup |= _start_ray_early(cfg, hydra_cfg.runtime.choices["task"])
+        began = time.perf_counter()
+        from runner.app import run
+
+        startup.setdefault("imports_s", time.perf_counter() - began)
+        job = Job(
+            cfg=cfg,
+            run_dir=job_dir,
+            overrides=overrides,
+            choices=choices,
+            sweep_dir=Path(hydra_cfg.sweep.dir) if in_sweep else None,
+            number=hydra_cfg.job.num if in_sweep else None,
+            compose=composed,  # Hydra's compose API, inside the app Hydra set up
+            startup=startup,
+        )
+        totals = run(job, start, carry_on)
+    except KeyboardInterrupt as ex:  # a signal (Ray's calls give up on nothing else)
         keep_ray = False
+        stop = interrupted(ex)
+        record_end(stop)
         if in_sweep:  # recorded, so a re-run of the sweep continues this job
+            from runner.sweep import summarize
+
             write_job(
                 job_dir, "interrupted", overrides, error=str(stop), wall_seconds=_since(job_start)
             )
             summarize(Path(hydra_cfg.sweep.dir))
             print(f"sweep stopped at job {hydra_cfg.job.num}: run it again to continue")
-        raise
+        raise stop from None
     except Exception as ex:
         keep_ray = False
+        record_end(ex)
         message = one_line(ex)
         if not isinstance(ex, RunnerError):
             # A crash (not bad input): one line here, the whole traceback in the run dir.
@@ -91,16 +108,32 @@ def _app(cfg: DictConfig) -> None:
             message = f"{message} (traceback in {error_file})"
         if not in_sweep:
             _fail(message, getattr(ex, "exit_code", 2))
-        write_job(job_dir, "failed", overrides, error=message, wall_seconds=_since(job_start))
+        status = REFUSED if read_status(job_dir) == REFUSED else "failed"
+        write_job(job_dir, status, overrides, error=message, wall_seconds=_since(job_start))
         print(f"error: job {hydra_cfg.job.num}: {message}", file=sys.stderr)
         return
     finally:
         # Before the exit, not from Ray's exit handler, which sleeps 0.5 s first.
-        if not keep_ray:
+        if not keep_ray and "ray" in sys.modules:
+            from runner.ray_session import stop_ray
+
             stop_ray()
     if in_sweep:
         status = "dry_run" if cfg.dry_run else "finished"
         write_job(job_dir, status, overrides, wall_seconds=_since(job_start), **totals)
+
+
+def _check_settings(cfg: DictConfig) -> None:
+    """The settings' own rules (runner/validate.py's check_settings), before torch, Ray
+    and RLlib are imported: the job checks them again with the rest. The user's code
+    comes from ray.runtime_env.py_modules here too (a callback class is checked)."""
+    from runner.ray_session import import_py_modules_here
+    from runner.schema import typed
+    from runner.validate import check_settings
+
+    settings = typed(cfg)
+    import_py_modules_here(settings.ray.runtime_env)
+    check_settings(settings)
 
 
 def _python_seconds() -> float | None:
@@ -153,7 +186,6 @@ def _start_ray_early(cfg: DictConfig, task_name: str) -> dict[str, float]:
     with contextlib.suppress(Exception):  # the job's own start_ray tries again and reports
         start_ray(settings.ray, settings.compile.cache_dir)
     took["ray_start_s"] = time.perf_counter() - began
-    install_default()  # ray.init set a SIGTERM handler of its own
     importer.join()
     return took
 
@@ -204,13 +236,14 @@ def main() -> None:
         return
     register_configs()
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")
-    sys.argv[1:] = with_checkpoint_alias(sys.argv[1:])
+    sys.argv[1:] = normalized(sys.argv[1:])
     _refuse_used_run_dir(sys.argv[1:])
     try:
         _app()
     except FailedJobs as failed:  # from the sweep summary, when a multirun ends
         _fail(str(failed), 1)
-    except Interrupted as stop:  # 128 + the signal's number, after the run kept what finished
+    except KeyboardInterrupt as ex:  # 128 + the signal's number, after the run kept what finished
+        stop = interrupted(ex)
         _fail(str(stop), stop.exit_code)
     except Exception as ex:
         _fail(one_line(ex))

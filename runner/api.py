@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from runner import CONFIG_DIR
 from runner.results.files import SUMMARY
-from runner.schema import RunnerConfig
+from runner.schema import STOP_DEFAULT, RunnerConfig, default_gives_way
 
 RESOLVER = "unique_dir"
 
@@ -48,7 +48,8 @@ def unique_dir(base: str) -> str:
 
 def register_configs() -> None:
     """The root schema (conf/config.yaml lists it first), every task's settings schema as
-    `schema/task/<name>` (each conf/task/ file lists its own), and the run dir resolver."""
+    `schema/task/<name>` (each conf/task/ file lists its own), the run dir resolver and
+    the default stop budgets' (runner/schema.py)."""
     from runner.tasks import TASKS
 
     store = ConfigStore.instance()
@@ -57,6 +58,8 @@ def register_configs() -> None:
         store.store(group="schema/task", name=task.name, node=task.settings)
     if not OmegaConf.has_resolver(RESOLVER):
         OmegaConf.register_new_resolver(RESOLVER, unique_dir, use_cache=True)
+    if not OmegaConf.has_resolver(STOP_DEFAULT):
+        OmegaConf.register_new_resolver(STOP_DEFAULT, default_gives_way)
 
 
 @contextlib.contextmanager
@@ -96,7 +99,12 @@ def compose_with_choices(overrides: list[str]) -> tuple[DictConfig, dict[str, An
     return cfg, choices  # type: ignore[return-value]  # a DictConfig and a dict node's container
 
 
-def _with_config_dir(overrides: list[str], config_dir: str | None) -> list[str]:
+def _as_cli(overrides: list[str], config_dir: str | None) -> list[str]:
+    """The overrides as the CLI would take them (runner/overrides.py: `checkpoint=` and an
+    env's preset), with the config dir `config_dir` searched too."""
+    from runner.overrides import normalized
+
+    overrides = normalized(overrides)
     if config_dir is None:
         return overrides
     return [*overrides, f"hydra.searchpath=[file://{Path(config_dir).resolve()}]"]
@@ -110,22 +118,21 @@ def compose(overrides: Sequence[str] = (), config_dir: str | None = None) -> Run
     from runner.schema import typed
 
     with _hydra():
-        cfg, _ = composed(_with_config_dir(list(overrides), config_dir))
+        cfg, _ = composed(_as_cli(list(overrides), config_dir))
         settings = typed(cfg)
     placement.resolve(settings, machine.local_resources(settings.ray))
     return settings
 
 
-def _run_dir(overrides: list[str]) -> tuple[Path, list[str]]:
-    """`hydra.run.dir=...` from the overrides (its dir must hold no results), else a new
-    dir under outputs/runs/ as the CLI makes one; the other overrides."""
-    given = [o for o in overrides if o.startswith("hydra.run.dir=")]
-    rest = [o for o in overrides if not o.startswith("hydra.run.dir=")]
+def _run_dir(given: list[str]) -> Path:
+    """The run dir, made once the config composed (bad input leaves none): the last
+    `hydra.run.dir=...` of `given` (its dir must hold no results), else a new dir under
+    outputs/runs/ as the CLI makes one."""
     if given:
         path = Path(given[-1].split("=", 1)[1])
         path.mkdir(parents=True, exist_ok=True)
-        return path, rest
-    return Path(unique_dir(time.strftime("outputs/runs/%Y-%m-%d/%H-%M-%S"))), rest
+        return path
+    return Path(unique_dir(time.strftime("outputs/runs/%Y-%m-%d/%H-%M-%S")))
 
 
 def run(overrides: Sequence[str] = (), config_dir: str | None = None) -> dict[str, Any]:
@@ -138,18 +145,24 @@ def run(overrides: Sequence[str] = (), config_dir: str | None = None) -> dict[st
     started (ray.init) is used and left running."""
     from runner import app
     from runner.job import Job
-    from runner.overrides import with_checkpoint_alias
     from runner.ray_session import stop_ray
+    from runner.results.record import ended_early
 
     start = time.perf_counter()
-    run_dir, rest = _run_dir(with_checkpoint_alias(list(overrides)))
-    overrides = _with_config_dir(rest, config_dir)  # kept with the run: resume takes it again
+    given = [o for o in overrides if o.startswith("hydra.run.dir=")]
+    rest = [o for o in overrides if not o.startswith("hydra.run.dir=")]
+    overrides = _as_cli(rest, config_dir)  # kept with the run: resume takes it again
     environ = dict(os.environ)  # ray.init sets its auth token here, stale once Ray stops
     with _hydra():
         cfg, choices = composed(overrides)
+        run_dir = _run_dir(given)
         job = Job(cfg, run_dir, overrides, choices, compose=composed)
         try:
             totals = app.run(job, start)
+        except BaseException as ex:  # one that ended before its task leaves its record too
+            known = {"overrides": overrides, "choices": choices}
+            ended_early(run_dir, choices["task"], ex, time.perf_counter() - start, known)
+            raise
         finally:
             stop_ray()
             os.environ.clear()

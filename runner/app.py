@@ -17,17 +17,20 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from rich.table import Table
 
 from runner import machine, placement, preflight, scaling_auto, tasks
 from runner.algorithm_config import build_algorithm_config, default_config_for
+from runner.callbacks import describe_stops
+from runner.check import Check
 from runner.compile.apply import add_to_config
 from runner.compile.settings import CompileSpec
 from runner.console import console
 from runner.errors import ConfigError, PreflightError, RunEnded, RunnerError, one_line
 from runner.job import Job
+from runner.overrides import CUSTOM_ENV
 from runner.plan import Plan, make_plan
 from runner.ray_session import (
     cluster_address,
@@ -50,8 +53,8 @@ from runner.results.files import (
     write_json,
 )
 from runner.resume import SEARCH_DIR, compose_for_resume
-from runner.schema import AUTO, RunnerConfig, typed
-from runner.shutdown import Interrupted, Watch, install_default, signal_name
+from runner.schema import AUTO, BUDGETS, RunnerConfig, is_stop_default, setting, typed
+from runner.shutdown import Interrupted, Watch, interrupted, signal_name
 from runner.tasks.base import Task, TaskRun
 from runner.validate import validate
 
@@ -85,6 +88,8 @@ def prepare(settings: RunnerConfig, resources: machine.Resources | None = None) 
     config = build_algorithm_config(settings, spec)
     task.configure(config, settings)
     plan = task.scale_plan(make_plan(config, placed.notes), settings)
+    if placement.fit_aggregators(config, plan, resources, placed, settings.preflight.strict):
+        plan = task.scale_plan(make_plan(config, placed.notes), settings)
     return Prepared(
         settings, task, spec, warnings + placed.warnings, config, plan, resources, placed
     )
@@ -104,16 +109,39 @@ def _changed_settings(config: AlgorithmConfig, algo_name: str) -> dict[str, Any]
 
 
 def print_changed(prepared: Prepared) -> None:
-    """The AlgorithmConfig's settings that differ from RLlib's and what the runner chose
-    for this machine: a dry run's middle section, and a real run's first lines (before
-    Ray's), so its log says what it ran."""
+    """The AlgorithmConfig's settings that differ from RLlib's: a dry run's middle
+    section, and with `verbose=true` a run's too (algorithm_config.json holds them all)."""
     config, settings = prepared.config, prepared.settings
     console.rule(f"AlgorithmConfig ({type(config).__name__}): settings that differ from RLlib")
     console.print(json.dumps(_changed_settings(config, settings.algo.name), indent=2))
-    if settings.tuned is not None:
-        console.print(f"tuned hyperparameters: {settings.tuned.file} ({settings.tuned.source})")
-    for line in prepared.placement.chosen:
-        console.print(line)
+
+
+def start_lines(prepared: Prepared, choices: dict[str, Any], cfg: DictConfig) -> list[str]:
+    """What the run is and what ends it, in a few lines (a run's first, before Ray's): the
+    env and the option its settings came from, the hyperparameters' files (a tuned one,
+    or none), every stop criterion and the check of a task that trains, and what the
+    runner chose for this machine."""
+    settings = prepared.settings
+    option = choices.get("env")
+    own = " (no preset: RLlib's defaults, no solved return)" if option == CUSTOM_ENV else ""
+    lines = [f"env: {setting(settings.env)}, env={option}{own}"]
+    if choices.get("experiment"):
+        lines.append(f"experiment: {choices['experiment']}")
+    algo = f"conf/algo/{choices.get('algo')}.yaml"
+    tuned = settings.tuned
+    lines.append(
+        f"hyperparameters: {settings.algo.name}, {algo} + {tuned.file} ({tuned.source})"
+        if tuned is not None
+        else f"hyperparameters: {settings.algo.name}, {algo} (no tuned file for "
+        f"{choices.get('algo')} on env={option})"
+    )
+    if prepared.task.trains:
+        stop = settings.stop
+        defaults = [k for k in BUDGETS if is_stop_default(cfg.stop, k) and getattr(stop, k)]
+        lines.append(describe_stops(stop, defaults))
+        check = Check(settings.check).describe()
+        lines += [check] if check else []
+    return lines + prepared.placement.chosen
 
 
 def print_plan(plan: Plan, report: preflight.Report, res: machine.Resources) -> None:
@@ -221,6 +249,8 @@ def run(job: Job, start_time: float, attempt: Path | None = None) -> dict[str, A
         console.rule("resolved config")
         console.print(OmegaConf.to_yaml(cfg, resolve=True), end="")
         print_changed(prepared)
+        for line in start_lines(prepared, job.choices, cfg):
+            console.print(line)
         console.rule("plan")
         print_plan(plan, report, resources)
         if prepared.spec is not None and prepared.spec.backend == AUTO:
@@ -231,7 +261,10 @@ def run(job: Job, start_time: float, attempt: Path | None = None) -> dict[str, A
         return {**totals, "preflight_problems": report.problems}
     if not report.ok:
         raise PreflightError("; ".join(report.problems))
-    print_changed(prepared)
+    if settings.verbose:
+        print_changed(prepared)
+    for line in start_lines(prepared, job.choices, cfg):
+        console.print(line)
     tracker = tracking.start(settings, job) if prepared.task.tracked else tracking.Trackers()
     status = "FAILED"
     ended: dict[str, Any] = {"status": "failed"}
@@ -240,9 +273,10 @@ def run(job: Job, start_time: float, attempt: Path | None = None) -> dict[str, A
         task_run = started(prepared, job, tracker, start_time, checkpoint, history, startup, mirror)
         supervised(prepared.task, task_run)
         status, ended = "FINISHED", {"status": "finished"}
-    except Interrupted as stop:
+    except KeyboardInterrupt as ex:
+        stop = interrupted(ex)
         status, ended = "KILLED", {"status": "interrupted", "stop_reason": str(stop)}
-        raise
+        raise stop from None
     except BaseException as ex:
         ended = {"status": "failed", "error": one_line(ex)}
         raise
@@ -356,7 +390,6 @@ def started(
         if prepared.plan.main_gpus:
             index = reserve_driver_gpus(prepared.plan.main_gpus)
             prepared.config.learners(local_gpu_idx=index)
-    install_default()  # after ray.init, which sets a SIGTERM handler of its own
     return TaskRun(
         settings=settings,
         config=prepared.config,

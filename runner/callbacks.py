@@ -18,6 +18,8 @@ A user adds their own with a `callbacks:` list in the config, each a `_target_` 
 
 from __future__ import annotations
 
+import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -57,6 +59,28 @@ def stop_reason(stop: StopConfig, row: dict[str, Any], train_seconds: float) -> 
     return None
 
 
+def describe_stops(stop: StopConfig, defaults: Collection[str]) -> str:
+    """The stop criteria in force, in one line, as `stop_reason` tests them; the budgets
+    that are the runner's defaults (`defaults`: runner/schema.py's stop_default) marked."""
+    criteria = {
+        "episode_return_mean": (stop.episode_return_mean, "episode return mean >= {:g}"),
+        "iterations": (stop.iterations, "{:,} iterations"),
+        "env_steps": (stop.env_steps, "{:,} env steps"),
+        "seconds": (stop.seconds, "{:g} s of training"),
+    }
+    parts = [
+        text.format(value) + (" (default)" if key in defaults else "")
+        for key, (value, text) in criteria.items()
+        if value is not None
+    ]
+    if not parts:
+        return "stops: no stop.* criterion is set: it trains until its check decides or a signal"
+    shown = f"stops at the first of: {', '.join(parts)}"
+    if defaults:
+        shown += "; a budget you set (stop.iterations, env_steps or seconds) drops the defaults"
+    return shown
+
+
 def _fmt(value: Any, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
@@ -85,24 +109,27 @@ def print_row(row: dict[str, Any]) -> None:
 
 
 # Where RLlib's result holds each restarting component's lifetime restart count and
-# its healthy actors now.
+# its healthy actors now, and the AlgorithmConfig key that counts its actors.
 RESTART_COUNTERS = {
-    "env_runners": "fault_tolerance",
-    "evaluation_env_runners": "evaluation",
+    "env_runners": ("fault_tolerance", "num_env_runners"),
+    "evaluation_env_runners": ("evaluation", "evaluation_num_env_runners"),
 }
 
 
-def record_restarts(progress: Progress, result: dict, iteration: int) -> None:
+def record_restarts(progress: Progress, result: dict, iteration: int, config: Any) -> bool:
     """RLlib recreates a dead EnvRunner within a few iterations (and the compile
     callback compiles the new one): note per component when actors were lost and when
-    they came back."""
-    for component, section in RESTART_COUNTERS.items():
+    they came back. True when training's EnvRunners are short now or were lost or
+    recreated in this iteration."""
+    troubled = False
+    for component, (section, count_key) in RESTART_COUNTERS.items():
         stats = result.get(section) or {}
         if "num_healthy_workers" not in stats:
             continue
         healthy = int(stats["num_healthy_workers"])
         count = int(stats.get("num_remote_worker_restarts") or 0)
-        count_before, healthy_before = progress.actor_counts.get(component, (0, healthy))
+        wanted = int(getattr(config, count_key, 0) or 0)
+        count_before, healthy_before = progress.actor_counts.get(component, (0, wanted))
         events = {"lost": healthy_before - healthy, "restarted": count - count_before}
         progress.actor_counts[component] = (count, healthy)
         for event, n in events.items():
@@ -114,6 +141,9 @@ def record_restarts(progress: Progress, result: dict, iteration: int) -> None:
                     f"iteration {iteration}: {n} of the {component.replace('_', ' ')} {event}"
                     + (" (RLlib's fault tolerance recreates it)" if event == "lost" else "")
                 )
+        if component == "env_runners":
+            troubled = healthy < wanted or any(n > 0 for n in events.values())
+    return troubled
 
 
 class Callback:
@@ -185,14 +215,6 @@ class Trackers(Callback):
         return None
 
 
-class ActorRestarts(Callback):
-    """EnvRunners lost and recreated by RLlib's fault tolerance, noted per iteration."""
-
-    def on_iteration(self, training: Training, it: Iteration) -> str | None:
-        record_restarts(training.progress, it.result, it.row["iteration"])
-        return None
-
-
 # Where Python chains one exception to the next in a traceback's text.
 _CHAINED = (
     "The above exception was the direct cause of the following exception:",
@@ -210,37 +232,82 @@ def error_line(traceback: str) -> str:
     return (lines[-1] if lines else "(no traceback)")[:500]
 
 
-class EnvRunnerErrors(Callback):
-    """An error raised in a remote EnvRunner (by the env, a connector or the module) that
-    comes back after RLlib restarted the EnvRunner fails the run: RLlib's fault tolerance
-    restarts it and goes on sampling nothing, so a deterministic failure would otherwise
-    end as a finished run with 0 env steps. Exit 1, the error in one line, its traceback
-    in env_runner_error.txt and summary.json (`env_runner_error`). A lost actor (killed,
-    out of memory) is left to RLlib's restarts. The tracebacks come from the EnvRunners'
-    processes (runner/env_runner_errors.py)."""
+class EnvRunnerFaults(Callback):
+    """Remote EnvRunners lost and recreated by RLlib's fault tolerance, noted per
+    iteration; and no success without env steps. RLlib restarts an EnvRunner whose env,
+    connector or module raised, or whose process died, and goes on sampling nothing: a
+    deterministic failure would end as a finished run with 0 env steps. The run fails
+    (exit 1, the cause in one line, its traceback in env_runner_error.txt and summary.json's
+    `env_runner_error`) when
+    - the same error comes back in a later iteration (after the EnvRunner's restart);
+    - the EnvRunners sampled nothing in `guard.unsampled_iterations` iterations in a row
+      since one failed (was lost, restarted or reported an error);
+    - a stop criterion would end a run that has sampled no env step at all.
+    The cause is the EnvRunner's own exception, carried from its process, or, for a
+    process that died without one (os._exit, a segfault), Ray's word on its exit and the
+    last lines of its log (runner/env_runner_errors.py). A lost actor whose replacement
+    samples again (one killed, out of memory) is left to RLlib's restarts."""
 
-    def __init__(self) -> None:
+    def __init__(self, unsampled_iterations: int) -> None:
+        self.unsampled_iterations = unsampled_iterations
         self.first_seen: dict[str, int] = {}
+        self.newest_error = ""  # the newest traceback an EnvRunner reported
+        self.unsampled = 0  # iterations in a row that sampled nothing since a failure
+        self.since_ms = 0  # when training started, in epoch milliseconds (Ray's clock)
+
+    def on_start(self, training: Training) -> None:
+        self.since_ms = int(time.time() * 1000)
 
     def on_iteration(self, training: Training, it: Iteration) -> str | None:
         from runner import env_runner_errors
 
-        now = it.row["iteration"]
-        for text in env_runner_errors.take():
+        now, progress = it.row["iteration"], training.progress
+        troubled = record_restarts(progress, it.result, now, training.algo.config)
+        texts = env_runner_errors.take()
+        for text in texts:
             line = error_line(text)
             first = self.first_seen.setdefault(line, now)
             if first != now:
-                return self._fail(training, text, line, first, now)
+                why = f"an EnvRunner failed the same way in iterations {first} and {now}"
+                return self._fail(training, why, line, text, [first, now])
+        self.newest_error = texts[-1] if texts else self.newest_error
+        if it.row["env_steps_this_iter"]:
+            self.unsampled = 0
+        elif troubled or texts or self.unsampled:
+            self.unsampled += 1
+        if self.unsampled >= self.unsampled_iterations:
+            why = (
+                f"the EnvRunners sampled nothing in {self.unsampled} iterations in a row "
+                "since one failed (guard.unsampled_iterations)"
+            )
+            return self._fail(training, why, *self._cause(), [now - self.unsampled + 1, now])
+        sampled = any(r["env_steps_this_iter"] for r in progress.rows)
+        if not sampled and stop_reason(training.settings.stop, it.row, it.seconds):
+            why = f"the run would stop with no env step sampled in {len(progress.rows)} iterations"
+            return self._fail(training, why, *self._cause(), [progress.rows[0]["iteration"], now])
         return None
 
-    def _fail(self, training: Training, text: str, line: str, first: int, now: int) -> str:
-        reason = f"an EnvRunner failed the same way in iterations {first} and {now}: {line}"
+    def _cause(self) -> tuple[str, str]:
+        """The cause in one line and its traceback: the newest error an EnvRunner reported,
+        else the newest exit of an EnvRunner's process, else what Ray reports."""
+        from runner import env_runner_errors
+
+        if self.newest_error:
+            return error_line(self.newest_error), self.newest_error
+        ended = env_runner_errors.exits(self.since_ms)
+        if ended:
+            return ended[-1].describe(), ended[-1].text()
+        line = "no EnvRunner reported an error, and Ray reports no EnvRunner process that ended"
+        return line, line + "\n"
+
+    def _fail(self, training: Training, why: str, line: str, text: str, iterations: list) -> str:
+        reason = f"{why}: {line}"
         run_dir = training.run.run_dir
         if run_dir is not None:
             (run_dir / ENV_RUNNER_ERROR).write_text(text)
             reason += f" (traceback in {run_dir / ENV_RUNNER_ERROR})"
         training.run.record["env_runner_error"] = {
-            "iterations": [first, now],
+            "iterations": iterations,
             "error": line,
             "traceback": text,
         }
@@ -356,7 +423,7 @@ def for_run(run: TaskRun, quiet: bool = False) -> list[Callback]:
     found: list[Callback] = [] if quiet else [PrintRow()]
     if run_dir is not None:
         found += [MetricsFiles(run_dir, run.history), TensorBoard(run_dir)]
-    found += [Trackers(run.tracker), ActorRestarts(), EnvRunnerErrors()]
+    found += [Trackers(run.tracker), EnvRunnerFaults(settings.guard.unsampled_iterations)]
     if settings.guard.non_finite != NonFinite.off:
         found.append(NonFiniteGuard(settings.guard.non_finite))
     if settings.checkpoint.every:

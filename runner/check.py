@@ -68,6 +68,23 @@ class Check:
             "std)"
         )
 
+    def describe(self) -> str:
+        """The criterion in one line, for the run's start ('' where none is active)."""
+        if not self.active:
+            return ""
+        config = self.config
+        threshold = (
+            f"a random policy's return + {config.baseline_stds:g} std (measured first)"
+            if self.threshold is None
+            else f"{self.threshold:g}"
+        )
+        budget = f" within {config.env_steps:,} env steps" if config.env_steps else ""
+        source = f" ({config.source})" if config.source else ""
+        return (
+            f"check: {self.metric} >= {threshold}{budget}, stopping once decided; exit 1 if "
+            f"missed{source}"
+        )
+
     @property
     def metric(self) -> str:
         """Where `metric` is read: the training result, or (check.on=evaluation) the

@@ -30,14 +30,13 @@ from ray.rllib.env.env_context import EnvContext
 from ray.rllib.env.multi_agent_env import MultiAgentEnv
 
 from runner.errors import ConfigError, did_you_mean
-from runner.schema import EnvConfig
+from runner.schema import EnvConfig, setting
 from runner.user_code import TARGET, check_arguments, import_module, locate, materialize
 
 # env_config's reserved key: the env's settings, as a plain dict (pickled to each actor).
 SETTINGS_KEY = "_runner_env"
 # What `environment()` gets besides env and env_config is RLlib's, not the env's.
 _OWN_FIELDS = ("id", "entry_point", "pettingzoo", "atari", "framestack", "wrappers", "action_mask")
-SPELLINGS = ("id", "entry_point", "pettingzoo")
 
 
 def _register_ale() -> None:
@@ -48,13 +47,6 @@ def _register_ale() -> None:
     gym.register_envs(ale_py)
 
 
-def setting(env: EnvConfig | dict[str, Any]) -> str:
-    """The env's setting as the user wrote it, for messages."""
-    values = env if isinstance(env, dict) else asdict(env)
-    key = next((k for k in SPELLINGS[1:] if values.get(k)), "id")
-    return f"env.{key}={values[key]}"
-
-
 def wraps_atari(env: EnvConfig | dict[str, Any]) -> bool:
     """Whether the env gets RLlib's Atari preprocessing: `env.atari`, or, left null, an
     ALE id (`ALE/Pong-v5`, `ale_py:ALE/Pong-v5`), whose raw 210x160 frames no default
@@ -63,20 +55,6 @@ def wraps_atari(env: EnvConfig | dict[str, Any]) -> bool:
     if values.get("atari") is not None:
         return bool(values["atari"])
     return (values.get("id") or "").rpartition(":")[2].startswith("ALE/")
-
-
-def check_spelling(env: EnvConfig) -> None:
-    """Exactly one of env.id, env.entry_point and env.pettingzoo; Atari wraps an id."""
-    given = {k: getattr(env, k) for k in SPELLINGS}
-    if sum(v is not None for v in given.values()) != 1:
-        raise ConfigError(
-            "set exactly one of env.id (a gymnasium id, e.g. CartPole-v1 or my_pkg:MyEnv-v0), "
-            "env.entry_point (an env class or factory, e.g. my_pkg.envs:MyEnv) and "
-            "env.pettingzoo (a PettingZoo env function, e.g. mpe2.simple_spread_v3:parallel_env); "
-            f"got {', '.join(f'env.{k}={v}' for k, v in given.items())}"
-        )
-    if env.atari is True and not env.id:
-        raise ConfigError(f"env.atari=true wraps a gymnasium id: set env.id, not {setting(env)}")
 
 
 def check_env_id(env_id: str) -> None:
@@ -270,8 +248,8 @@ def _own(env: EnvConfig) -> dict[str, Any]:
 
 def environment_kwargs(env: EnvConfig) -> dict[str, Any]:
     """Keyword arguments for AlgorithmConfig.environment(): the factory, the user's
-    env_config with the env's settings beside it, and `env.environment`'s extras."""
-    check_spelling(env)
+    env_config with the env's settings beside it, and `env.environment`'s extras (the
+    spelling checked by runner/validate.py)."""
     own = _own(env)
     if env.id and not wraps_atari(env):
         check_env_id(env.id)

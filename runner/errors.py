@@ -30,6 +30,10 @@ class ConfigError(RunnerError):
     """The composed config is invalid (caught before Ray starts)."""
 
 
+class RunDirUsed(ConfigError):
+    """The run dir holds another run's results: the job writes nothing there."""
+
+
 class RunEnded(RunnerError):
     """A run stopped on a stall, a non-finite value or an EnvRunner error that repeated:
     exit code 1 (its record says why)."""

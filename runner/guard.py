@@ -34,11 +34,26 @@ def watched(name: str) -> bool:
     return parts[0] == "env_runners" and any(p in RETURNS for p in parts[1:])
 
 
+def _counts(name: str, result: dict) -> bool:
+    """Whether a watched metric says something this iteration. An episode return counts
+    only in an iteration that ended episodes: in one that ended none, RLlib reports a NaN
+    mean once earlier episodes exist (SAC and DQN, often), and in one whose only
+    EnvRunner was lost none reports num_episodes (absent or NaN). A module's losses count
+    only where it trained (num_module_steps_trained): on no samples (its EnvRunner lost)
+    RLlib reports NaN losses of an update that did not happen, and a NaN count."""
+    section, _, rest = name.partition("/")
+    if section == "env_runners":
+        count = (result.get("env_runners") or {}).get("num_episodes", 0)
+    else:
+        count = ((result.get("learners") or {}).get(rest.partition("/")[0]) or {}).get(
+            "num_module_steps_trained", 0
+        )
+    return bool(count > 0)  # NaN compares False
+
+
 def non_finite(result: dict) -> dict[str, float]:
-    """The watched metrics of one RLlib result that are NaN or inf, by path. An episode
-    return counts only in an iteration that ended episodes: in one that ended none, RLlib
-    reports a NaN mean once earlier episodes exist (SAC and DQN, often)."""
-    ended = (result.get("env_runners") or {}).get("num_episodes", 1)
+    """The watched metrics of one RLlib result that are NaN or inf, by path (`_counts`:
+    only those that say something this iteration)."""
     return {
         name: float(value)
         for name, value in _leaves(result)
@@ -46,7 +61,7 @@ def non_finite(result: dict) -> dict[str, float]:
         and not isinstance(value, bool)
         and not math.isfinite(float(value))
         and watched(name)
-        and (ended or not name.startswith("env_runners/"))
+        and _counts(name, result)
     }
 
 

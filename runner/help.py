@@ -1,8 +1,8 @@
 """The page `python -m runner --help` prints: usage, the config groups and their options.
 
 Read from the config dir on each call, so a new option file shows up without a code change:
-each option's line is the first comment line of its YAML file that is not a Hydra header
-(`# @package ...`). Standard library and PyYAML only, so the page prints at once: no Hydra,
+each option's line is the first sentence of its YAML file's first comment, past any Hydra
+header (`# @package ...`). Standard library and PyYAML only, so the page prints at once: no Hydra,
 Ray or torch import.
 """
 
@@ -52,13 +52,23 @@ START = (
 COMMENT = re.compile(r"^#\s?(.*)$")
 
 
+# A sentence's end: a stop and a space or the end, not an abbreviation's ("e.g. x").
+SENTENCE_END = re.compile(r"(?<!\be\.g)(?<!\bi\.e)\.(\s|$)")
+
+
 def describe(path: Path) -> str:
-    """The first comment line of an option file, Hydra's `# @` header lines skipped."""
+    """The first sentence of an option file's first comment, whole (it may run over
+    lines), Hydra's `# @` header lines skipped."""
+    words: list[str] = []
     for line in path.read_text().splitlines():
         found = COMMENT.match(line.strip())
-        if found and not found.group(1).startswith("@"):
-            return found.group(1).strip()
-    return ""
+        if found is None or (not found.group(1).strip() and words):
+            break  # the comment ended, or its first paragraph did
+        if not found.group(1).startswith("@"):
+            words.append(found.group(1).strip())
+    text = " ".join(w for w in words if w)
+    end = SENTENCE_END.search(text)
+    return text[: end.start() + 1] if end else text
 
 
 def groups(config_dir: str | Path) -> dict[str, dict[str, str]]:

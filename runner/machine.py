@@ -13,8 +13,6 @@ import re
 from dataclasses import dataclass, field
 from typing import TypedDict
 
-import torch
-
 from runner.schema import RayConfig
 
 
@@ -57,6 +55,8 @@ class DriverCuda(TypedDict, total=False):
 def driver_cuda() -> DriverCuda:
     """The GPUs this process sees through torch.cuda, their compute capabilities, and the
     CUDA architectures this torch build has kernels for."""
+    import torch  # here: a check of the settings alone imports no torch
+
     if not torch.cuda.is_available():
         return {}
     count = torch.cuda.device_count()

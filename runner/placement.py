@@ -6,15 +6,24 @@ may use (no GPU: one remote CPU Learner; one GPU: a local Learner on it; N GPUs:
 Learners of one GPU each); the other algorithms a local Learner with the hardware
 profile's GPUs. An explicit IMPALA/APPO layout against the guide runs, with one warning.
 A remote GPU Learner that compiles gets CPUs for inductor's compile workers, which
-otherwise run on one thread: RLlib's "auto" gives a GPU Learner no CPU.
+otherwise run on one thread: RLlib's "auto" gives a GPU Learner no CPU. Aggregator actors
+(IMPALA's and APPO's, 1 CPU each) that would leave the plan's actors more CPUs than the
+machine has are fewer, to what fits (`fit_aggregators`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from runner.machine import Resources
 from runner.schema import Accelerator, RunnerConfig
+
+if TYPE_CHECKING:
+    from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+
+    from runner.plan import Plan
 
 # The scaling guide's learner-placement rule is written for these algorithms.
 GUIDE_ALGOS = ("IMPALA", "APPO")
@@ -91,3 +100,31 @@ def _fill_defaults(settings: RunnerConfig) -> None:
         s.num_learners = 0
     if s.num_gpus_per_learner is None:
         s.num_gpus_per_learner = settings.hardware.num_gpus_per_learner
+
+
+def fit_aggregators(
+    config: AlgorithmConfig, plan: Plan, res: Resources, placement: Placement, strict: bool
+) -> bool:
+    """Fewer aggregator actors per Learner where that alone fits the plan (the main
+    process and the actors) into `res`'s CPUs (a tuned example's two per Learner on a
+    2-core machine): the config changed in place and one line for the run's start;
+    False where it changes nothing (they fit, none are asked for, fewer would not fit
+    either, or preflight.strict=false, which tries the plan as it is)."""
+    from runner.plan import AGGREGATOR
+
+    per_learner = config.num_aggregator_actors_per_learner
+    total = plan.count(AGGREGATOR)
+    wanted = plan.total_cpus  # the main process's core too, as the preflight counts it
+    excess = wanted - res.cpus
+    if not strict or not per_learner or excess <= 0 or excess > total:
+        return False
+    fewer = math.ceil(excess / (total // per_learner))  # as many fewer for each Learner
+    config.learners(num_aggregator_actors_per_learner=per_learner - fewer)
+    placement.chosen.append(
+        f"learners: {per_learner} aggregator actor(s) per Learner (1 CPU each) would want "
+        f"{wanted:g} CPUs of {res.where}'s {res.cpus:g}: "
+        f"algo.learners.num_aggregator_actors_per_learner={per_learner - fewer}"
+        + (" (the Learner batches the episodes itself)" if per_learner == fewer else "")
+        + f"; preflight.strict=false keeps {per_learner}"
+    )
+    return True

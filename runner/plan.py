@@ -39,6 +39,8 @@ class Plan:
     # The first fix the preflight names for a CPU shortfall, where a task knows a better
     # one than the scaling keys (a search: fewer concurrent trials).
     fix: str = ""
+    # The runs whose actors the plan holds (a search's concurrent trials, a bench's copies).
+    runs: int = 1
 
     def _sum(self, key: str, roles: str = "all") -> float:
         """`key` summed over the groups (`roles`: all, actors, main) in Ray's own
@@ -82,7 +84,7 @@ class Plan:
             else replace(g, count=g.count * n, note=why)
             for g in self.groups
         ]
-        return Plan(groups=groups, strategy=self.strategy)
+        return Plan(groups=groups, strategy=self.strategy, runs=n)
 
     def trials(self, n: int, why: str) -> Plan:
         """`n` runs at once, each with its main process as an actor (Ray Tune trials),
@@ -93,7 +95,8 @@ class Plan:
             else replace(g, count=g.count * n, note=why)
             for g in self.groups
         ]
-        return Plan(groups=groups, strategy=self.strategy, fix=f"lower task.max_concurrent ({why})")
+        fix = f"lower task.max_concurrent ({why})"
+        return Plan(groups=groups, strategy=self.strategy, fix=fix, runs=n)
 
     def count(self, role: str) -> int:
         return sum(g.count for g in self.groups if g.role == role)
@@ -118,7 +121,9 @@ def _main_note(config: AlgorithmConfig) -> str:
 
 def make_plan(config: AlgorithmConfig, notes: dict[str, str] | None = None) -> Plan:
     """Label RLlib's bundles: [main, EnvRunners..., evaluation..., Learners or aggregators...];
-    `notes`: a role's hosts column, where the runner chose its resources."""
+    `notes`: a role's hosts column, where the runner chose its resources. A remote
+    Learner's bundle holds its aggregator actors too (1 CPU each): they get a row of
+    their own, so the plan names every actor RLlib starts."""
     # RLlib types algo_class as a plain type; default_config_for sets an Algorithm's.
     algo_class = cast("type[Algorithm]", config.algo_class)
     try:  # RLlib validates the whole config here: its errors are bad input.
@@ -130,10 +135,11 @@ def make_plan(config: AlgorithmConfig, notes: dict[str, str] | None = None) -> P
     assert isinstance(request, PlacementGroupFactory), type(request)
     bundles = [(b.get("CPU", 0.0), b.get("GPU", 0.0)) for b in request.bundles]
     n_env = config.num_env_runners
+    aggregators = config.num_aggregator_actors_per_learner
     if config.num_learners > 0:
         n_learn, learn_role = config.num_learners, "learner"
     else:
-        n_learn, learn_role = config.num_aggregator_actors_per_learner, "aggregator"
+        n_learn, learn_role = aggregators, AGGREGATOR
     roles = (
         ["main"]
         + ["env_runner"] * n_env
@@ -143,16 +149,29 @@ def make_plan(config: AlgorithmConfig, notes: dict[str, str] | None = None) -> P
     groups: list[Group] = []
     processes = async_env_processes(config)
     for role, (cpus, gpus) in zip(roles, bundles, strict=True):
+        if role == "learner":
+            cpus -= aggregators  # in the Learner's bundle: their own row below
         last = groups[-1] if groups else None
         if last and (last.role, last.cpus_each, last.gpus_each) == (role, cpus, gpus):
             groups[-1] = Group(role, last.count + 1, cpus, gpus, last.note)
         else:
             note = _main_note(config) if role == "main" else (notes or {}).get(role, "")
+            note = note or (AGGREGATOR_NOTE if role == AGGREGATOR else "")
             groups.append(Group(role, 1, float(cpus), float(gpus), note))
+    if config.num_learners > 0 and aggregators:
+        count = config.num_learners * aggregators
+        note = f"{AGGREGATOR_NOTE}, each placed with its Learner"
+        groups.append(Group(AGGREGATOR, count, 1.0, 0.0, note))
     if processes:
         note = "one process per env (gym_env_vectorize_mode=async); Ray does not count them"
         groups.append(Group(ASYNC_ENVS, processes, 0.0, 0.0, note))
     return Plan(groups=groups, strategy=request.strategy)
+
+
+# RLlib's aggregator actors (IMPALA's and APPO's), 1 CPU each, that batch the EnvRunners'
+# episodes for a Learner.
+AGGREGATOR = "aggregator"
+AGGREGATOR_NOTE = "batch episodes for a Learner (algo.learners.num_aggregator_actors_per_learner)"
 
 
 # The plan's row for async vector envs: processes beside the actors, which Ray never sees.

@@ -6,6 +6,7 @@ seconds, with one line naming the numbers and the fix.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -19,7 +20,7 @@ from runner.compile.settings import CompileSpec, missing_packages, module_device
 from runner.envs import agent_ids, make_env, setting
 from runner.errors import ConfigError, did_you_mean
 from runner.machine import Resources, capability_tuple, has_kernels, is_gpu_of
-from runner.plan import ASYNC_ENVS, Plan
+from runner.plan import AGGREGATOR, ASYNC_ENVS, Plan
 from runner.schema import AUTO, Accelerator, RunnerConfig
 from runner.short_stack import on_short_stack
 
@@ -166,6 +167,50 @@ def _shared_gpu_learners(config: AlgorithmConfig) -> list[str]:
     ]
 
 
+# The setting that counts each role's actors, per copy of the run (a search's trials,
+# the exploration bench's two runs), and what it is.
+_COUNTED_BY = {
+    "env_runner": ("scaling.num_env_runners", "0: sampling in the main process"),
+    "evaluation": ("eval.num_env_runners", "0: evaluating in the main process"),
+    "learner": ("scaling.num_learners", "0: a local Learner in the main process"),
+    AGGREGATOR: ("algo.learners.num_aggregator_actors_per_learner", "0: none"),
+}
+
+
+def _cpu_fixes(plan: Plan, excess: float) -> list[str]:
+    """The settings that free `excess` CPUs of the plan's actors, computed from the plan,
+    so no knob that cannot help is named (a run with no EnvRunner gets no advice to lower
+    their count): each that does it alone, at the value that does; else the fewest of
+    them together, as one fix."""
+    learners = max(1, plan.count("learner") // plan.runs)  # a local one hosts them too
+    knobs = []  # (key, actors it counts per step, CPUs each, the setting's value now)
+    for g in plan.groups:
+        if g.role in _COUNTED_BY and g.cpus_each > 0:
+            # The actors one step of the setting adds: one per run of the plan (and Learner).
+            step = plan.runs * (learners if g.role == AGGREGATOR else 1)
+            knobs.append((g.role, step, g.cpus_each, g.count // step))
+
+    def setting(role: str, value: int) -> str:
+        key, zero = _COUNTED_BY[role]
+        return f"{key}={value}" + (f" ({zero})" if value == 0 else "")
+
+    alone = [
+        setting(role, now - math.ceil(excess / (cpus * step)))
+        for role, step, cpus, now in knobs
+        if now - math.ceil(excess / (cpus * step)) >= 0
+    ]
+    if alone or not knobs:
+        return alone
+    together, left = [], excess
+    for role, step, cpus, now in sorted(knobs, key=lambda k: -k[1] * k[2] * k[3]):
+        drop = min(now, math.ceil(left / (cpus * step)))
+        together.append(setting(role, now - drop))
+        left -= drop * cpus * step
+        if left <= 0:
+            return [" with ".join(together)]
+    return []
+
+
 def cpu_shortfall(plan: Plan, res: Resources) -> tuple[list[str], list[str]]:
     """Actors beyond Ray's CPUs hang, so that fails; the driver sharing a core only warns.
     Async env processes, which Ray does not count, fail past two per CPU (each would step
@@ -179,12 +224,13 @@ def cpu_shortfall(plan: Plan, res: Resources) -> tuple[list[str], list[str]]:
             f"fewer scaling.num_envs_per_env_runner or scaling.num_env_runners, {FORCE_HINT}"
         ], []
     if plan.actor_cpus > res.cpus:
+        fixes = _cpu_fixes(plan, plan.actor_cpus - res.cpus)
         return [
             f"the plan's actors need {plan.actor_cpus:g} CPU(s) "
             f"({_breakdown(plan, 'cpus_each', 'CPU', actors_only=True)}) but {res.where} has "
             f"{res.cpus:g}; "
             + (f"{plan.fix}, " if plan.fix else "")
-            + "lower scaling.num_env_runners or scaling.num_cpus_per_env_runner, "
+            + (f"set {' or '.join(fixes)}, " if fixes else "")
             + (
                 f"share the cores with ray.num_cpus={plan.total_cpus:g} (as RLlib's CI runs its "
                 "tuned examples), "

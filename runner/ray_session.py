@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,9 @@ def quiet_ray(level_name: LogLevel) -> int:
         logging.getLogger(name).setLevel(level)
     return level
 
+
+# The signals whose handlers ray.init may replace (runner/shutdown.py handles these).
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 # A local Ray starts no idle Python workers ahead of need: a run without EnvRunner or
 # Learner actors (the default) uses none, and on a small machine their start takes CPU
@@ -124,8 +128,21 @@ def start_ray(ray_cfg: RayConfig, compile_cache_dir: str | None = None) -> None:
     `compile_cache_dir` as TORCHINDUCTOR_CACHE_DIR, here and in every actor. A Ray already
     running is used as it is when the user started it (ray.init in a notebook), or when
     this process started it for an earlier job with the same settings (a sweep's jobs
-    share one); one started with other settings is stopped first.
+    share one); one started with other settings is stopped first. ray.init sets a SIGTERM
+    handler of its own (a C++ stack dump, exit 15): the handlers set before it (the
+    runner's: runner/shutdown.py) are set again after it.
     """
+    main = threading.current_thread() is threading.main_thread()  # where handlers are set
+    handlers = {s: signal.getsignal(s) for s in SIGNALS} if main else {}
+    try:
+        _init(ray_cfg, compile_cache_dir)
+    finally:
+        for signum, handler in handlers.items():
+            if handler is not None:  # None: set outside Python, nothing to put back
+                signal.signal(signum, handler)
+
+
+def _init(ray_cfg: RayConfig, compile_cache_dir: str | None) -> None:
     import ray
 
     global _started, _local

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from runner.console import console
+from runner.budget import Budget
 from runner.errors import ConfigError
 from runner.machine import Resources, cpu_model
 from runner.results.files import read_cached, write_json
@@ -104,10 +104,10 @@ def check(settings: RunnerConfig) -> None:
         raise ConfigError(
             f"scaling.auto.envs_per_env_runner counts start at 1, got {auto.envs_per_env_runner}"
         )
-    if auto.seconds <= 0 or auto.margin < 0:
+    if auto.seconds <= 0 or auto.margin < 0 or auto.budget_seconds <= 0:
         raise ConfigError(
-            f"scaling.auto.seconds must be > 0 and margin >= 0, got {auto.seconds} and "
-            f"{auto.margin}"
+            f"scaling.auto.seconds and budget_seconds must be > 0 and margin >= 0, got "
+            f"{auto.seconds}, {auto.budget_seconds:g} and {auto.margin}"
         )
 
 
@@ -179,16 +179,26 @@ def _runner_counts(settings: RunnerConfig) -> list[int]:
     return [n for n in counts if n > 0] if settings.scaling.num_gpus_per_env_runner > 0 else counts
 
 
-def candidates(settings: RunnerConfig) -> list[list[Layout]]:
+def candidates(settings: RunnerConfig, cpus: float = 0) -> list[list[Layout]]:
     """Hill-climb series: per mode and EnvRunner count, envs per EnvRunner rising (async
-    from 2 envs: one env in a subprocess is sync plus a hop)."""
+    from 2 envs: one env in a subprocess is sync plus a hop). The likeliest first, so a
+    budget spent leaves out the least likely: sync before async, and EnvRunner counts
+    nearest one per core beside the driver's (Sample Factory's starting layout) first."""
     auto = settings.scaling.auto
     series = []
     for mode in auto.vectorize_modes:
         for runners in _runner_counts(settings):
             envs = [n for n in sorted(set(auto.envs_per_env_runner)) if mode == "sync" or n > 1]
             series.append([Layout(runners, n, mode) for n in envs])
-    return series
+    per_core = max(0.0, cpus - 1)
+    return sorted(
+        series,
+        key=lambda s: (
+            (s[0].gym_env_vectorize_mode != "sync", abs(s[0].num_env_runners - per_core))
+            if s
+            else (True, 0.0)
+        ),
+    )
 
 
 def cache_key(settings: RunnerConfig, config: AlgorithmConfig, resources: Resources) -> dict:
@@ -223,56 +233,96 @@ def _cache_file(auto: ScalingAutoConfig, key: dict[str, Any]) -> Path:
     return cache_dir(auto) / f"layouts-{digest[:20]}.json"
 
 
+# Measurements that follow the last candidate: the fastest and the configured layout again.
+FINAL_MEASUREMENTS = 2
+BUDGET_SPENT = "left out: scaling.auto.budget_seconds spent"
+NO_FIT = "does not fit the CPU plan"
+
+
+class _BudgetSpent(Exception):
+    """No candidate may start: it and the final measurements would pass the budget."""
+
+
+def _climb_start(series: list[Layout], envs: int) -> int:
+    """The index a series' climb starts at: the envs per EnvRunner nearest `envs` (the
+    configured layout's), the likeliest count."""
+    return min(range(len(series)), key=lambda i: abs(series[i].num_envs_per_env_runner - envs))
+
+
 def measure_all(
     settings: RunnerConfig, resources: Resources, plan: Planner
 ) -> list[dict[str, Any]]:
     """One row per measurement, or per layout left out and why. One measurement decides
     nothing alone (Ray's own start-up, or anything else on the machine, can slow one):
-    the fastest layout and the configured one are measured again at the end, in turn."""
+    the fastest layout and the configured one are measured again at the end, in turn.
+
+    The likeliest first, within scaling.auto.budget_seconds (runner/budget.py: a line per
+    measurement and a progress bar): the series (`candidates`) whose first layout fits
+    the CPU plan, each climbed from the configured envs per EnvRunner, up while the rate
+    rises, else down; a candidate starts only where it and the last two measurements
+    would end within the budget."""
+    auto = settings.scaling.auto
     rows: list[dict[str, Any]] = []
     configs: dict[Layout, AlgorithmConfig] = {}
+    base = baseline(settings)
+    fitting = []
+    for series in candidates(settings, resources.cpus):
+        if series and fits(plan(with_layout(settings, series[0]), resources)[1], resources):
+            fitting.append(series)
+        elif series:
+            rows.append({**asdict(series[0]), "status": NO_FIT})
+    layouts = {x for s in fitting for x in s} | {base}
+    total = len(layouts) + FINAL_MEASUREMENTS
+    budget = Budget("scaling=auto", auto.budget_seconds, total, reserve=FINAL_MEASUREMENTS)
 
     def measured(layout: Layout) -> float:
         """Sample with `layout` once more; its env steps/s."""
+        budget.begin()
         if layout not in configs:
             configs[layout] = plan(with_layout(settings, layout), resources)[0]
         config = configs[layout].copy(copy_frozen=False)
         config.evaluation(evaluation_interval=None)  # no evaluation EnvRunners here
-        figures = measure(config, settings.scaling.auto.seconds)
+        figures = measure(config, auto.seconds)
         rows.append({**asdict(layout), "status": "measured", **figures})
-        console.print(f"scaling=auto: {layout}: {figures['env_steps_per_s']:,.0f} env steps/s")
+        budget.measured(f"{layout}: {figures['env_steps_per_s']:,.0f} env steps/s")
         return figures["env_steps_per_s"]
 
-    base = baseline(settings)
-    measured(base)
-    # Per mode, the fewest EnvRunners whose series did not fit at its first layout: more
-    # EnvRunners (more CPUs, or more async env processes) fit no better.
-    too_many: dict[str, int] = {}
-    for series in candidates(settings):
-        first = series[0] if series else None
-        if first and first.num_env_runners >= too_many.get(first.gym_env_vectorize_mode, 1 << 30):
-            continue
-        best = 0.0
-        for layout in series:
-            if layout in configs:
-                rate = best_rates(rows)[layout]
-            else:
-                config, layout_plan = plan(with_layout(settings, layout), resources)
-                if not fits(layout_plan, resources):
-                    rows.append({**asdict(layout), "status": "does not fit the CPU plan"})
-                    if layout == first:
-                        too_many[layout.gym_env_vectorize_mode] = layout.num_env_runners
-                    break  # more envs only add async processes
-                configs[layout] = config
-                rate = measured(layout)
-            if rate < best:
-                break  # past the top of this series
-            best = rate
-    rates = best_rates(rows)
-    fastest = max(rates, key=lambda layout: rates[layout])
-    if fastest != base:
-        measured(fastest)
+    def rate(layout: Layout) -> float | None:
+        """A candidate's rate, measured once; None where it does not fit."""
+        if layout in configs:
+            return best_rates(rows)[layout]
+        if not budget.affordable():
+            raise _BudgetSpent
+        config, layout_plan = plan(with_layout(settings, layout), resources)
+        if not fits(layout_plan, resources):
+            rows.append({**asdict(layout), "status": NO_FIT})
+            return None
+        configs[layout] = config
+        return measured(layout)
+
+    with budget.shown("measurements"):
         measured(base)
+        try:
+            for series in fitting:
+                first = _climb_start(series, base.num_envs_per_env_runner)
+                top = rate(series[first])
+                for step in (1, -1):  # up while the rate rises; down only if up did not
+                    i, last = first + step, top
+                    while 0 <= i < len(series) and last is not None:
+                        now = rate(series[i])
+                        if now is None or now < last:
+                            break
+                        last, i = now, i + step
+                    if i != first + step:
+                        break
+        except _BudgetSpent:
+            left = dict.fromkeys(x for s in fitting for x in s if x not in configs)
+            rows += [{**asdict(x), "status": BUDGET_SPENT} for x in left]
+        rates = best_rates(rows)
+        fastest = max(rates, key=lambda layout: rates[layout])
+        if fastest != base:
+            measured(fastest)
+            measured(base)
     return rows
 
 

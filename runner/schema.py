@@ -88,6 +88,9 @@ class AutoConfig:
     timed_calls: int = 200
     # Each kind's timed rounds also stop after this many seconds (at least 5 rounds).
     timed_seconds: float = 10.0
+    # The whole measurement's time: no candidate starts compiling where it (as long as
+    # the longest compile so far) and the timed rounds left would end past it.
+    budget_seconds: float = 180.0
     # Training iterations the compile seconds are spread over; null: from stop.* or
     # check.env_steps, else 100.
     expected_iterations: int | None = None
@@ -128,6 +131,9 @@ class ScalingAutoConfig:
     envs_per_env_runner: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
     vectorize_modes: list[str] = field(default_factory=lambda: ["sync", "async"])
     seconds: float = 2.0  # timed sampling per layout, after one warm-up round
+    # The whole measurement's time: no candidate starts that would end past it (the
+    # configured layout and the final re-measurements always run).
+    budget_seconds: float = 30.0
     # A layout replaces the configured one only if it samples this fraction faster.
     margin: float = 0.05
     refresh: bool = False  # measure again, ignoring (and replacing) a cached measurement
@@ -173,7 +179,7 @@ class AlgoConfig:
     framework: dict[str, Any] = field(default_factory=dict)
     # RLlib's EnvRunner sleeps this long after an error before its process exits and Ray
     # restarts it (RLlib's default: 60 s); a deterministic error then fails the run in
-    # seconds (runner/callbacks.py's EnvRunnerErrors).
+    # seconds (runner/callbacks.py's EnvRunnerFaults).
     fault_tolerance: dict[str, Any] = field(
         default_factory=lambda: {"delay_between_env_runner_restarts_s": 1.0}
     )
@@ -228,6 +234,17 @@ class EnvConfig:
         return self.id or self.entry_point or self.pettingzoo or "?"
 
 
+# The env settings that name an env, one of which a config sets.
+SPELLINGS = ("id", "entry_point", "pettingzoo")
+
+
+def setting(env: EnvConfig | dict[str, Any]) -> str:
+    """The env's setting as the user wrote it, for messages."""
+    values = env if isinstance(env, dict) else dataclasses.asdict(env)
+    key = next((k for k in SPELLINGS[1:] if values.get(k)), "id")
+    return f"env.{key}={values[key]}"
+
+
 @dataclass
 class TunedConfig:
     """Which conf/tuned/<algo>_<env>.yaml a run's algo settings came from (the defaults
@@ -240,12 +257,37 @@ class TunedConfig:
 
 @dataclass
 class StopConfig:
-    """Training stops at whichever criterion is met first; null disables one."""
+    """Training stops at whichever criterion is met first; null disables one. The root
+    config's budgets are defaults (`${stop_default:N}`) that give way to any budget set
+    elsewhere (`default_gives_way`)."""
 
     iterations: int | None = None
     env_steps: int | None = None
     episode_return_mean: float | None = None
     seconds: float | None = None
+
+
+# The resolver that marks a stop budget as the runner's default, and the budgets it may mark.
+STOP_DEFAULT = "stop_default"
+BUDGETS = ("iterations", "env_steps", "seconds")
+
+
+def is_stop_default(stop: DictConfig, key: str) -> bool:
+    """Whether stop.`key` is still the root config's default (no one set it)."""
+    if not OmegaConf.is_interpolation(stop, key):
+        return False
+    return str(stop._get_node(key)._value()).startswith("${" + STOP_DEFAULT + ":")  # type: ignore[union-attr]  # a node's raw value
+
+
+def default_gives_way(value: Any, *, _root_: DictConfig) -> Any:
+    """The `stop_default` resolver: a default budget (200 iterations, 90 s) holds only
+    where no budget was set by anyone (the command line, an experiment, a preset, a
+    check's env-step budget); otherwise it is null, so a wall-clock default never cuts a
+    budget the user chose."""
+    stop, check = _root_.stop, _root_.check
+    own = any(stop[k] is not None for k in BUDGETS if not is_stop_default(stop, k))
+    checked = check.enabled and (check.threshold is not None or check.baseline is not None)
+    return None if own or (checked and check.env_steps is not None) else value
 
 
 class CheckOn(str, Enum):
@@ -365,10 +407,14 @@ class NonFinite(str, Enum):
 
 @dataclass
 class GuardConfig:
-    """A NaN or inf in a Learner loss, a gradient norm or the episode return: stop the run
-    (keeping the last finite checkpoint), warn, or ignore it."""
+    """What fails a run that goes on in name only. `non_finite`: a NaN or inf in a Learner
+    loss, a gradient norm or the episode return stops the run (keeping the last finite
+    checkpoint), warns, or is ignored. `unsampled_iterations`: this many iterations in a
+    row in which the EnvRunners sampled nothing since one failed end the run with the
+    failure's cause (runner/callbacks.py's EnvRunnerFaults)."""
 
     non_finite: NonFinite = NonFinite.stop
+    unsampled_iterations: int = 3
 
 
 @dataclass
@@ -507,6 +553,9 @@ class RunnerConfig:
     tuned: TunedConfig | None = None
     seed: int | None = 0
     dry_run: bool = False
+    # The AlgorithmConfig's settings that differ from RLlib's, printed at the run's start
+    # too (a dry run prints them; algorithm_config.json always holds the whole config).
+    verbose: bool = False
     # A run dir or checkpoint dir, local (`~` is expanded) or under a URI (results.uri).
     resume: str | None = None
 

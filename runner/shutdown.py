@@ -22,18 +22,20 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from runner.ray_session import kill_local_ray
+from runner.ray_session import SIGNALS, kill_local_ray
 from runner.schema import WatchdogConfig
 
-HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+HANDLED = SIGNALS
 
 
 def signal_name(signum: int) -> str:
     return signal.Signals(signum).name
 
 
-class Interrupted(BaseException):
-    """A signal stopped the process: exit code 128 + its number (130 for Ctrl-C)."""
+class Interrupted(KeyboardInterrupt):
+    """A signal stopped the process: exit code 128 + its number (130 for Ctrl-C). A
+    KeyboardInterrupt, the one exception Ray's blocking calls give up on (they turn it
+    into a plain KeyboardInterrupt: `interrupted` restores it)."""
 
     def __init__(self, signum: int, message: str = "") -> None:
         self.signum = signum
@@ -42,6 +44,14 @@ class Interrupted(BaseException):
 
 
 _first_signal: int | None = None  # the first signal this process took, once it is known
+
+
+def interrupted(ex: KeyboardInterrupt) -> Interrupted:
+    """The Interrupted a KeyboardInterrupt stands for: a Ray call that a signal broke
+    into raises a plain one, of the first signal this process took (else Ctrl-C's)."""
+    if isinstance(ex, Interrupted):
+        return ex
+    return Interrupted(_first_signal or signal.SIGINT)
 
 
 def abort_now(signum: int, before_exit: Callable[[int], None] | None = None) -> None:

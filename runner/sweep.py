@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from runner import overrides as ov
 from runner.errors import RunnerError, tool_exit_code
 from runner.results import plots, remote, seeds
-from runner.results.files import BENCH, OVERRIDES, SUMMARY, write_csv
+from runner.results.files import BENCH, OVERRIDES, REFUSED, SUMMARY, write_csv
 from runner.results.jobs import JOB_FILE, read_job
 
 COLUMNS = (
@@ -69,11 +69,15 @@ def job_row(job_dir: Path) -> dict[str, Any]:
     """One job's row: its overrides and status, and the figures its task wrote."""
     job = read_job(job_dir) or {}
     overrides = job.get("overrides") or _overrides(job_dir)
+    summary = _read_json(job_dir / SUMMARY)
     row: dict[str, Any] = {
         "job": job_dir.name,
         "overrides": " ".join(overrides),
-        "status": job.get("status", "not finished"),
+        # A run outside a sweep has no job.json: its record's status (none: still running,
+        # or killed before it wrote one).
+        "status": job.get("status") or summary.get("status") or "not finished",
         "error": job.get("error")
+        or summary.get("error")
         or "; ".join(f"preflight would fail: {p}" for p in job.get("preflight_problems", [])),
         "wall_seconds": job.get("wall_seconds"),
         "cpus": job.get("cpus"),
@@ -81,7 +85,6 @@ def job_row(job_dir: Path) -> dict[str, Any]:
         "_overrides": overrides,
         "_dir": job_dir,
     }
-    summary = _read_json(job_dir / SUMMARY)
     if summary:
         comp = summary.get("compile") or {}
         for kind in ("episode", "eval"):  # eval: a criterion on the evaluation's return
@@ -223,9 +226,19 @@ def markdown(rows: list[dict[str, Any]], columns: list[str]) -> str:
     for r in rows:
         cells = [_label(r, keys) if c == "overrides" else _cell(c, r.get(c)) for c in shown]
         lines.append("| " + " | ".join(cells) + " |")
-    failed = sum(r["status"] == "failed" for r in rows)
-    lines += ["", f"{len(rows)} jobs, {failed} failed."]
+    lines += ["", f"{len(rows)} jobs, {counts(rows)}."]
     return "\n".join(lines) + "\n"
+
+
+# The statuses of jobs that did not do their work: a sweep with any of them exits 1.
+UNSUCCESSFUL = ("failed", REFUSED)
+
+
+def counts(rows: list[dict[str, Any]]) -> str:
+    """How many jobs failed and how many were refused (bad input, a shortfall), e.g.
+    "1 failed, 2 refused"; "0 failed" when none."""
+    parts = [f"{sum(r['status'] == s for r in rows)} {s}" for s in UNSUCCESSFUL]
+    return ", ".join(p for p in parts if not p.startswith("0 ")) or "0 failed"
 
 
 def _swept_axes(rows: list[dict[str, Any]]) -> list[str]:
@@ -290,21 +303,22 @@ class SweepSummary(Callback):
             mirror = remote.Mirror(uri, sweep_dir)
             mirror.push(top_only=True)
             print(f"sweep summary mirrored to {mirror.uri}")
-        failed = [r for r in rows if r["status"] == "failed"]
+        failed = [r for r in rows if r["status"] in UNSUCCESSFUL]
         dry = [r for r in rows if r["status"] == "dry_run"]
-        if dry or (failed and all(r["status"] in ("dry_run", "failed") for r in rows)):
+        if dry or (failed and all(r["status"] in ("dry_run", *UNSUCCESSFUL) for r in rows)):
             print(f"dry run: {len(rows)} jobs, {len(failed)} invalid")
             for r in rows:
                 what = r["error"]
-                if r["status"] != "failed":
+                if r["status"] not in UNSUCCESSFUL:
                     what = f"{r['cpus']:g} CPUs, {r['gpus']:g} GPUs" + (f"; {what}" if what else "")
                 print(f"  job {r['job']}: {r['overrides'] or '(defaults)'}: {what}")
-        print(
-            f"sweep: {len(rows)} jobs, {len(failed)} failed; summary in {sweep_dir / 'summary.md'}"
-        )
+        print(f"sweep: {len(rows)} jobs, {counts(rows)}; summary in {sweep_dir / 'summary.md'}")
         if failed:
             jobs = ", ".join(r["job"] for r in failed)
-            raise FailedJobs(f"{len(failed)} of {len(rows)} sweep jobs failed (job {jobs})")
+            raise FailedJobs(
+                f"{len(failed)} of {len(rows)} sweep jobs failed or were refused ({counts(rows)}: "
+                f"job {jobs})"
+            )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -320,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
             raise RunnerError(f"sweep: '{args.sweep_dir}' is not a directory")
         rows = summarize(args.sweep_dir)
         print((args.sweep_dir / "summary.md").read_text(), end="")
-        return 1 if any(r["status"] == "failed" for r in rows) else 0
+        return 1 if any(r["status"] in UNSUCCESSFUL for r in rows) else 0
 
     return tool_exit_code(work)
 

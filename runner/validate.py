@@ -1,23 +1,38 @@
 """The one settings check: every rule on the typed settings, before anything is built.
 
-`validate` runs once per job, on the settings `schema.typed` made: counts and seconds in
-range, the env's spelling, the logger, the compile settings (what is valid, and where
-each compiled part may run: the PLACEMENT table in runner/compile/settings.py), then the
-task's own rules. What needs the AlgorithmConfig (RLlib's own checks, the user's code)
-is checked as it is built (runner/algorithm_config.py), and what needs the machine by the
-preflight (runner/preflight.py).
+`validate` runs once per job, on the settings `schema.typed` made: first the rules on
+the settings alone (`check_settings`: counts and seconds in range, the env's spelling,
+scaling=auto's candidates, the loggers and callbacks), which the entry points also run
+before torch, Ray and RLlib are imported, so bad input is one line in about a second;
+then the compile settings (what is valid, and where each compiled part may run: the
+PLACEMENT table in runner/compile/settings.py) and the task's own rules. What needs the
+AlgorithmConfig (RLlib's own checks, the user's code) is checked as it is built
+(runner/algorithm_config.py), and what needs the machine by the preflight
+(runner/preflight.py).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from runner import scaling_auto
-from runner.compile import settings as compile_settings
-from runner.compile.settings import CompileSpec
-from runner.envs import check_spelling
 from runner.errors import ConfigError
 from runner.results import remote
-from runner.schema import AUTO, AlgoConfig, CheckOn, LoggerConfig, RunnerConfig, ScalingConfig
+from runner.schema import (
+    AUTO,
+    SPELLINGS,
+    AlgoConfig,
+    CheckOn,
+    EnvConfig,
+    LoggerConfig,
+    RunnerConfig,
+    ScalingConfig,
+    setting,
+)
 from runner.tasks.base import Task
+
+if TYPE_CHECKING:
+    from runner.compile.settings import CompileSpec
 
 # Scaling keys that must be whole numbers >= this bound (RLlib itself does not check).
 _COUNT_MINIMUM = {"num_env_runners": 0, "num_envs_per_env_runner": 1, "num_learners": 0}
@@ -87,6 +102,10 @@ def check_run(settings: RunnerConfig) -> None:
             f"record.every={record.every} (0: no video) and record.episodes="
             f"{record.episodes} (at least 1) are out of range"
         )
+    if settings.guard.unsampled_iterations < 1:
+        raise ConfigError(
+            f"guard.unsampled_iterations must be >= 1, got {settings.guard.unsampled_iterations}"
+        )
     if settings.eval.episodes < 1:
         raise ConfigError(f"eval.episodes must be >= 1, got {settings.eval.episodes}")
     if settings.eval.parallel and not settings.eval.num_env_runners:
@@ -118,7 +137,10 @@ def check_run(settings: RunnerConfig) -> None:
 
 
 def check_callbacks(nodes: list[dict]) -> None:
-    """Each of the user's callbacks names a runner.callbacks.Callback and keywords it takes."""
+    """Each of the user's callbacks names a runner.callbacks.Callback and keywords it takes
+    (RLlib, which checking one imports, only where there is one)."""
+    if not nodes:
+        return
     from runner.callbacks import Callback
     from runner.user_code import TARGET, check_arguments, locate
 
@@ -161,15 +183,39 @@ def check_n_step(algo: AlgoConfig) -> None:
         )
 
 
-def validate(settings: RunnerConfig, task: Task) -> tuple[CompileSpec | None, list[str]]:
-    """Raise ConfigError on the first bad setting; else the compile spec (None: compile
-    off, or a task that compiles nothing) and the warnings for settings that go unused."""
+def check_spelling(env: EnvConfig) -> None:
+    """Exactly one of env.id, env.entry_point and env.pettingzoo; Atari wraps an id."""
+    given = {k: getattr(env, k) for k in SPELLINGS}
+    if sum(v is not None for v in given.values()) != 1:
+        raise ConfigError(
+            "set exactly one of env.id (a gymnasium id, e.g. CartPole-v1 or my_pkg:MyEnv-v0), "
+            "env.entry_point (an env class or factory, e.g. my_pkg.envs:MyEnv) and "
+            "env.pettingzoo (a PettingZoo env function, e.g. mpe2.simple_spread_v3:parallel_env); "
+            f"got {', '.join(f'env.{k}={v}' for k, v in given.items())}: an env named on the "
+            "command line without env=... takes its own option; beside env=... set the "
+            "option's own spelling to null (e.g. env.id=null)"
+        )
+    if env.atari is True and not env.id:
+        raise ConfigError(f"env.atari=true wraps a gymnasium id: set env.id, not {setting(env)}")
+
+
+def check_settings(settings: RunnerConfig) -> None:
+    """The rules on the settings alone, in the order a user would fix them: no torch,
+    Ray or RLlib needed (a user's callback class is imported to check it)."""
     check_spelling(settings.env)
     check_scaling(settings.scaling)
     if settings.scaling.auto.enabled:
         scaling_auto.check(settings)
     check_run(settings)
     check_n_step(settings.algo)
+
+
+def validate(settings: RunnerConfig, task: Task) -> tuple[CompileSpec | None, list[str]]:
+    """Raise ConfigError on the first bad setting; else the compile spec (None: compile
+    off, or a task that compiles nothing) and the warnings for settings that go unused."""
+    from runner.compile import settings as compile_settings  # torch
+
+    check_settings(settings)
     spec, warnings = compile_settings.resolve(settings.compile) if task.uses_compile else (None, [])
     if spec is not None and spec.backend == AUTO:
         if not task.compile_auto:

@@ -161,9 +161,12 @@ def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
 @functools.cache
 def _composed(overrides: tuple[str, ...]) -> DictConfig:
     """conf/ does not change while the tests run; an override that fails to compose
-    raises each time (functools.cache keeps only results)."""
+    raises each time (functools.cache keeps only results). The overrides as the entry
+    points take them (runner/overrides.py's normalized: an env named alone picks its option)."""
+    from runner.overrides import normalized
+
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
+        return compose(config_name="config", overrides=normalized(list(overrides)))
 
 
 @pytest.fixture

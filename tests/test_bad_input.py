@@ -5,6 +5,7 @@ part (exit code 2, the line on stderr, no traceback) is a real `python -m runner
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -62,7 +63,19 @@ CASES = {
     ),
     "scaling=auto sampling for no time": (
         ["scaling=auto", "scaling.auto.seconds=0"],
-        "scaling.auto.seconds must be > 0 and margin >= 0, got 0.0 and 0.05",
+        "scaling.auto.seconds and budget_seconds must be > 0 and margin >= 0, got 0.0, 30 and 0.05",
+    ),
+    "scaling=auto with no time to measure": (
+        ["scaling=auto", "scaling.auto.budget_seconds=-1"],
+        "scaling.auto.seconds and budget_seconds must be > 0",
+    ),
+    "compile=auto with no time to measure": (
+        ["compile=auto", "compile.auto.budget_seconds=0"],
+        "compile.auto.budget_seconds must be > 0, got 0",
+    ),
+    "no iteration without samples allowed": (
+        ["guard.unsampled_iterations=0"],
+        "guard.unsampled_iterations must be >= 1, got 0",
     ),
     "scaling=auto's cache where no dir can be": (
         ["scaling=auto", "scaling.auto.cache_dir=/dev/null/layouts"],
@@ -219,7 +232,15 @@ CASES = {
         ["env.id=null", "env.entry_point=gymnasium.envs.classic_control:CartPoleEnvv"],
         "has no 'CartPoleEnvv' (did you mean CartPoleEnv",
     ),
-    "both an env id and an entry point": (["env.entry_point=my:Env"], "set exactly one of"),
+    # Named alone, an entry point takes env=custom; beside an env option, its id stays.
+    "both an env id and an entry point": (
+        ["env=cartpole", "env.entry_point=my:Env"],
+        "set exactly one of env.id",
+    ),
+    "an env of the user's own that does not import": (
+        ["env.entry_point=my:Env"],
+        "env.entry_point: cannot import my:Env: no module named 'my'",
+    ),
     "env constructor error": (["+env.env_config.bogus=1"], "env.id=CartPole-v1: making the env"),
     "not a callback class": (
         ["+algo.callbacks.callbacks_class=[gymnasium:Env]"],
@@ -314,6 +335,57 @@ def test_the_cli_prints_the_one_line_and_exits_2(tmp_path: Path):
     assert line.startswith("error: unknown config key") and "did you mean" in line, line
     assert "Traceback" not in proc.stdout + proc.stderr
     assert time.perf_counter() - start < 30
+
+
+# The CLI's entry point in a fresh interpreter, then which heavy modules it had imported.
+_REFUSED_BEFORE = """
+import sys
+import runner.__main__ as cli
+sys.argv = ["runner", *sys.argv[1:]]
+try:
+    cli.main()
+except SystemExit as ex:
+    print("exit", ex.code)
+print("imported", [m for m in ("torch", "ray", "gymnasium") if m in sys.modules])
+"""
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("scaling.num_env_runners=-1", "scaling.num_env_runners must be >= 0, got -1"),
+        ("stop.seconds=-1", "stop.seconds must be >= 0 (or null), got -1.0"),
+        ("env.id=null", "set exactly one of env.id"),
+    ],
+)
+def test_a_setting_out_of_range_is_refused_before_torch_or_ray_is_imported(
+    override: str, expected: str, tmp_path: Path
+):
+    """The settings' own rules run before the job imports torch, Ray and RLlib (seconds of
+    a bad run's time): the one line, exit 2, and a record that says refused and why."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _REFUSED_BEFORE, override, "hydra.run.dir=run"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.stdout.splitlines()[-2:] == ["exit 2", "imported []"], proc.stdout + proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(f"error: {expected}"), line
+    record = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert record["status"] == "refused" and record["error"] == line.removeprefix("error: ")
+    assert record["overrides"] == [override] and record["task"] == "train"
+
+
+def test_a_refused_runs_dir_takes_the_same_command_fixed(tmp_path: Path, monkeypatch):
+    """A refused run's record is no result: the fixed command may use its run dir."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(RunnerError):
+        runner.run(["stop.iterations=-3", "hydra.run.dir=run"])
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "refused"
+    dry = runner.run(["stop.iterations=3", "dry_run=true", "hydra.run.dir=run"])
+    assert dry["run_dir"] == "run" and (tmp_path / "run" / "plan.json").is_file()
 
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"

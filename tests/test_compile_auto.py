@@ -55,6 +55,9 @@ def test_autotune_then_compile_auto_reuses_its_measurement_then_refreshes(tmp_pa
     assert len(rows) == 2 * (1 + len(CANDIDATES))  # eager and each candidate, per kind
     assert (tuned.run_dir / "autotune.png").stat().st_size > 0
     assert "choice: " in tuned.stdout
+    # A line per candidate compiled (cudagraphs is skipped: no CUDA), of the 6 at most.
+    assert "compile=auto [1 of at most 6, " in tuned.stdout
+    assert "env runners: inductor/default compiled in " in tuned.stdout
 
     # The same settings, training: the decision comes from the cache, nothing is timed.
     cached = run_cli(
@@ -86,6 +89,26 @@ def test_autotune_then_compile_auto_reuses_its_measurement_then_refreshes(tmp_pa
     components = {c["component"]: c for c in summary["compile"]["components"]}
     # What was chosen is what ran: the EnvRunner's methods are compiled only if one won.
     assert bool(components["env_runner/0"]["methods"]) == (chosen != "eager")
+
+
+def test_a_spent_budget_compiles_nothing_and_keeps_eager(tmp_path: Path):
+    """compile.auto.budget_seconds below the timed rounds it must leave: no candidate
+    compiles, each usable one is recorded as left out, eager stays."""
+    job = prepared(
+        [
+            "compile=auto",
+            "compile.auto.budget_seconds=0.5",
+            "compile.auto.timed_seconds=1",
+            "compile.auto.refresh=true",
+            f"compile.auto.cache_dir={tmp_path}",
+        ]
+    )
+    section = auto.choose(job.settings, job.config)
+    for kind in auto.wanted_kinds(job.settings):
+        assert section[kind]["choice"] == "eager"
+        reasons = {c["preset"]: c.get("reason") for c in section[kind]["candidates"]}
+        assert reasons["inductor/default"] == auto.BUDGET_SPENT, reasons
+        assert not any(c["status"] == "measured" for c in section[kind]["candidates"])
 
 
 def test_compile_auto_defers_compile_until_the_choice_and_can_split_it():

@@ -51,7 +51,9 @@ def test_every_group_has_options():
 
 @pytest.mark.parametrize(("group", "option"), OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
 def test_option_composes_and_builds(group: str, option: str):
-    settings, config = built(compose_config([f"{group}={option}"]))
+    # env=custom is an env of the user's own: it names one.
+    own = [OWN_ENV] if (group, option) == ("env", "custom") else []
+    settings, config = built(compose_config([f"{group}={option}", *own]))
     plan = make_plan(config)
     assert type(config).__name__ == f"{settings.algo.name}Config"
     assert config.num_env_runners == settings.scaling.num_env_runners
@@ -60,6 +62,56 @@ def test_option_composes_and_builds(group: str, option: str):
 
 
 ALGOS = sorted(p.stem for p in (Path(CONFIG_DIR) / "algo").glob("*.yaml"))
+# An env of the user's own, by its class: gymnasium's CartPole under another name.
+OWN_ENV = "env.entry_point=gymnasium.envs.classic_control:CartPoleEnv"
+
+
+def test_an_env_named_alone_takes_no_other_envs_settings():
+    """env.entry_point alone (no env.id=null needed) takes env=custom: none of CartPole's
+    tuned hyperparameters or its 450 target, the budget in env steps; an env.id a preset
+    names takes that preset, any other ALE id env=atari's Atari settings."""
+    own = typed(compose_config(["algo=dqn", OWN_ENV]))
+    assert own.env.entry_point and own.env.id is None and own.tuned is None
+    assert own.env.solved_return is None and own.stop.episode_return_mean is None
+    assert (own.stop.iterations, own.stop.env_steps, own.stop.seconds) == (None, 100_000, None)
+    untuned = typed(compose_config(["algo=dqn", "env=pendulum"]))  # no dqn_pendulum file
+    tuned = typed(compose_config(["algo=dqn"]))  # conf/tuned/dqn_cartpole.yaml
+    assert own.algo == untuned.algo != tuned.algo
+    assert typed(compose_config([OWN_ENV, "stop.iterations=3"])).stop.env_steps is None
+    acrobot = typed(compose_config(["env.id=Acrobot-v1"]))
+    assert acrobot.env.solved_return == -100 and acrobot.tuned is not None
+    pong = typed(compose_config(["env.id=ALE/Pong-v5", "stop.iterations=2"]))
+    assert (pong.env.atari, pong.env.framestack, pong.env.environment) == (
+        True,
+        4,
+        {"clip_rewards": True},
+    )
+    assert (pong.stop.iterations, pong.stop.seconds, pong.stop.episode_return_mean) == (
+        2,
+        None,
+        None,
+    )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "budgets"),
+    [
+        ([], (200, None, 90)),
+        (["stop.iterations=3"], (3, None, None)),
+        (["stop.env_steps=5000"], (None, 5000, None)),
+        (["stop.seconds=null"], (200, None, None)),  # null: that one is off
+        (["stop.seconds=30"], (None, None, 30)),
+        (["check.threshold=450", "check.env_steps=300000"], (None, None, None)),
+        (["check.threshold=450"], (200, None, 90)),  # a check without a budget
+        (["debug=tiny"], (1, None, None)),
+    ],
+)
+def test_default_budgets_give_way_to_any_budget_set(overrides: list[str], budgets: tuple):
+    """stop.iterations=200 and stop.seconds=90 hold only where no budget is set: a
+    default wall-clock limit never cuts a budget chosen on the command line, in a group
+    file or as a check's env-step budget."""
+    stop = typed(compose_config(overrides)).stop
+    assert (stop.iterations, stop.env_steps, stop.seconds) == budgets
 
 
 @pytest.mark.parametrize("algo", ALGOS)

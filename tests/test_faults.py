@@ -33,7 +33,7 @@ from runner.schema import WatchdogConfig
 from runner.shutdown import stall_bound
 
 TESTS = Path(__file__).resolve().parent
-FAULTY_ENV = ("env.id=null", "env.entry_point=faulty_env:FaultyCartPole")
+FAULTY_ENV = ("env.entry_point=faulty_env:FaultyCartPole",)
 WITH_TESTS = {"PYTHONPATH": str(TESTS)}  # the runs import faulty_env from here
 # A tiny local run whose rewards turn NaN at step 250 of each env copy (iteration 2).
 NAN_AT_250 = (
@@ -217,6 +217,35 @@ def test_sigterm_keeps_the_last_iteration_and_resume_continues(tmp_path: Path, c
         "refused in one line naming the file and the newest good checkpoint",
         since="the command's start",
     )
+
+
+@pytest.mark.slow
+def test_sigterm_while_scaling_auto_measures_ends_as_a_run_does(tmp_path: Path):
+    """scaling=auto joins (or starts) Ray, whose SIGTERM handler would dump a C++ stack: a
+    signal while a layout samples (inside a Ray call, which gives up on KeyboardInterrupt
+    only) is the runner's one line, exit 143, the record. It joins the test process's
+    Ray, as a run in a Ray job does: ray.init sets that handler there too."""
+    cli = Cli(
+        tmp_path,
+        *TINY,
+        "scaling=auto",
+        "scaling.auto.seconds=2",
+        "scaling.auto.vectorize_modes=[sync]",
+        f"scaling.auto.cache_dir={tmp_path / 'layouts'}",
+        "dry_run=true",
+        "hydra.run.dir=run",
+        own_ray=False,
+    )
+    cli.until("scaling=auto [1 of at most", lambda: cli.signal(signal.SIGTERM))
+    code, seconds = cli.wait()
+    assert code == 143, cli.output
+    assert cli.output.strip().splitlines()[-1] == "error: interrupted by SIGTERM"
+    assert "SIGTERM received" not in cli.output and "Traceback" not in cli.output
+    assert seconds < 15
+    summary = _summary(tmp_path / "run")
+    assert (summary["status"], summary["signal"]) == ("interrupted", "SIGTERM")
+    assert not list((tmp_path / "layouts").glob("*.json"))  # no half measurement cached
+    record("SIGTERM while scaling=auto measures", code, seconds, "the record, no cache entry")
 
 
 @pytest.mark.slow
@@ -671,12 +700,17 @@ def test_guard_watches_losses_gradient_norms_and_returns():
     result = {
         "learners": {
             "default_policy": {
+                "num_module_steps_trained": 512,
                 "total_loss": nan,
                 "gradients_default_optimizer_global_norm": inf,
                 "curr_kl_coeff": nan,
             }
         },
-        "env_runners": {"episode_return_mean": 1.0, "module_episode_returns_mean": {"p0": nan}},
+        "env_runners": {
+            "num_episodes": 4,
+            "episode_return_mean": 1.0,
+            "module_episode_returns_mean": {"p0": nan},
+        },
         "timers": {"x": nan},
     }
     found = guard.non_finite(result)
@@ -692,14 +726,31 @@ def test_guard_watches_losses_gradient_norms_and_returns():
 
 def test_guard_ignores_the_nan_return_of_an_iteration_that_ended_no_episode():
     """SAC on Pendulum with 8 envs, measured here: iteration 8 ended no episode, and
-    RLlib's result held episode_return_mean = nan beside num_episodes = 0."""
+    RLlib's result held episode_return_mean = nan beside num_episodes = 0. An iteration
+    whose only EnvRunner was killed (measured here: PPO, one remote EnvRunner, SIGKILL)
+    held a nan mean and no num_episodes at all: no episode ended there either."""
     nan = float("nan")
     quiet = {"env_runners": {"num_episodes": 0, "episode_return_mean": nan}}
     assert guard.non_finite(quiet) == {}
     broken = {"env_runners": {"num_episodes": 8, "episode_return_mean": nan}}
     assert set(guard.non_finite(broken)) == {"env_runners/episode_return_mean"}
-    loss = {"env_runners": {"num_episodes": 0}, "learners": {"p": {"total_loss": nan}}}
+    loss = {
+        "env_runners": {"num_episodes": 0},
+        "learners": {"p": {"num_module_steps_trained": 64, "total_loss": nan}},
+    }
     assert set(guard.non_finite(loss)) == {"learners/p/total_loss"}
+    # The Learner trained on nothing there: RLlib reported NaN losses of no update.
+    lost = {
+        "env_runners": {"num_episodes_lifetime": 47.0, "episode_return_mean": nan},
+        "learners": {"p": {"num_module_steps_trained_lifetime": 1536.0, "total_loss": nan}},
+    }
+    assert guard.non_finite(lost) == {}
+    # Another such iteration (the same run, measured here) held NaN counts instead.
+    counted_nan = {
+        "env_runners": {"num_episodes": nan, "episode_return_mean": nan},
+        "learners": {"p": {"num_module_steps_trained": nan, "total_loss": nan}},
+    }
+    assert guard.non_finite(counted_nan) == {}
 
 
 def test_stall_bound_is_fixed_or_follows_the_median_iteration():
@@ -782,17 +833,47 @@ def test_a_run_record_the_full_disk_refused_is_no_success(tmp_path: Path, monkey
     assert not (tmp_path / "run" / "summary.json").exists()
 
 
+# The rules that end a run whose EnvRunners fail every time (runner/callbacks.py's
+# EnvRunnerFaults): its error back after the restart, or nothing sampled for
+# guard.unsampled_iterations; which comes first depends on how fast Ray restarts it.
+REPEATED = r"an EnvRunner failed the same way in iterations 1 and \d+"
+UNSAMPLED = "the EnvRunners sampled nothing in 3 iterations in a row since one failed"
+# Deterministic failures of the one remote EnvRunner, by the env: (its env_config, the
+# message the run must end with, the rules that may end it).
+ENV_RUNNER_CRASHES = {
+    "raises in its first step": (
+        "+env.env_config.fail_at_step=1",
+        "ValueError: FaultyCartPole fails at step 1 (fail_at_step)",
+        f"{REPEATED}|{UNSAMPLED}",
+    ),
+    "raises after 50 steps": (
+        "+env.env_config.fail_at_step=50",
+        "ValueError: FaultyCartPole fails at step 50 (fail_at_step)",
+        f"{REPEATED}|{UNSAMPLED}",
+    ),
+    # No Python error: the process ends (as a segfault in an env's C code would).
+    "calls os._exit in a step": (
+        "+env.env_config.exit_at_step=20",
+        "its last output: FaultyCartPole exits at step 20 (exit_at_step)",
+        UNSAMPLED,
+    ),
+}
+
+
 @pytest.mark.slow
-def test_an_env_runner_error_that_repeats_fails_the_run_in_one_line(tmp_path: Path):
-    """The env raises on every step from its 5th: RLlib's EnvRunner logs the error and
-    exits, Ray restarts it, and nothing is sampled. The same error in a later iteration
-    ends the run: exit 1, one line with the cause, the remote traceback kept, no
-    checkpoint of it, in seconds (RLlib waits 60 s before each restart; the runner 1 s)."""
+@pytest.mark.parametrize("crash", ENV_RUNNER_CRASHES)
+def test_an_env_runner_that_fails_every_time_fails_the_run_in_one_line(crash: str, tmp_path: Path):
+    """The env fails deterministically in its one remote EnvRunner: RLlib's EnvRunner
+    logs a raised error and exits (or the process just ends), Ray restarts it, and it
+    fails again; nothing is sampled. The run ends in seconds (RLlib waits 60 s before each
+    restart; the runner 1 s): exit 1, the env's own message in the last line, its
+    traceback (or the dead process's log) kept, no checkpoint of it."""
+    setting, cause, rule = ENV_RUNNER_CRASHES[crash]
     result = run_cli(
         tmp_path,
         *TINY,
-        *FAULTY_ENV,
-        "+env.env_config.fail_at_step=5",
+        "env.entry_point=faulty_env:FaultyCartPole",  # no env.id=null: env=custom is taken
+        setting,
         "scaling.num_env_runners=1",
         "stop.iterations=10",
         "checkpoint.at_end=true",
@@ -801,18 +882,18 @@ def test_an_env_runner_error_that_repeats_fails_the_run_in_one_line(tmp_path: Pa
     )
     assert result.returncode == 1, result.stderr[-3000:]
     last = result.stderr.strip().splitlines()[-1]
-    cause = "ValueError: FaultyCartPole fails at step 5 (fail_at_step)"
-    # Iteration 1 samples through the error; RLlib restarts the EnvRunner within an
-    # iteration or two (one may have no EnvRunner in service), and the error comes back.
-    assert re.match(r"error: an EnvRunner failed the same way in iterations 1 and \d+: ", last)
-    assert cause in last and str(result.run_dir / "env_runner_error.txt") in last
+    assert re.match(f"error: ({rule})", last) and cause in last, last
+    assert str(result.run_dir / "env_runner_error.txt") in last
+    assert result.seconds < 60
     summary = result.json("summary.json")
     assert summary["status"] == "failed" and cause in summary["error"]
     assert summary["env_runner_error"]["iterations"][0] == 1
-    traceback = (result.run_dir / "env_runner_error.txt").read_text()
-    assert "faulty_env.py" in traceback and traceback == summary["env_runner_error"]["traceback"]
+    assert summary["env_steps"] in (0, None) and summary["iterations"] < 10
+    kept = (result.run_dir / "env_runner_error.txt").read_text()
+    assert kept == summary["env_runner_error"]["traceback"]
+    assert ("faulty_env.py" if "raises" in crash else "FaultyCartPole exits at step 20") in kept
     assert not list((result.run_dir / "checkpoints").glob("iter_*"))
-    record("an EnvRunner error that repeats", 1, result.seconds, "its traceback", "the start")
+    record(f"the one EnvRunner's env {crash}", 1, result.seconds, "its cause", "the start")
 
 
 def test_an_env_runner_error_is_named_by_the_first_exception_of_its_chain():

@@ -73,6 +73,15 @@ def test_internal_groups_are_absent():
     assert [line.split()[0] for line in _section(page, "scale")[1:]] == ["local"]
 
 
+def test_a_description_is_its_files_first_sentence(tmp_path: Path):
+    option = tmp_path / "x.yaml"
+    option.write_text(
+        "# @package _global_\n# Two lines, e.g. this one, make one\n# sentence. Not this one.\n"
+        "#\n# Nor this paragraph.\nkey: 1\n"
+    )
+    assert describe(option) == "Two lines, e.g. this one, make one sentence."
+
+
 def test_every_option_of_each_visible_group_with_its_line():
     page = text(CONFIG_DIR)
     for group in VISIBLE:
@@ -86,6 +95,8 @@ def test_every_option_of_each_visible_group_with_its_line():
             line = describe(path)
             assert line, f"{path} has no leading comment line"
             assert not line.startswith("@"), path
+            # A whole sentence, though its comment runs over lines: none stops mid-way.
+            assert line.endswith(".") and "  " not in line, (path, line)
             if "{" in rows[path.stem].split()[0]:  # a folded row: "<what> + <a> / <b>."
                 what, _, variant = line.rstrip(".").partition(" + ")
                 assert f"{what} + " in rows[path.stem] and variant in rows[path.stem], path

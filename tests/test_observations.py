@@ -90,7 +90,12 @@ def test_framestack_puts_2d_frames_on_a_new_channel_axis():
 
 @pytest.mark.parametrize("name", ["ALE/Pong-v5", "ale_py:ALE/Pong-v5"])
 def test_an_ale_id_gets_rllibs_atari_preprocessing_however_it_is_named(name: str):
-    made = prepared([f"env.id={name}"])
+    """Named alone, an ALE id takes env=atari (4 stacked frames, clipped rewards); under
+    another env option it still gets RLlib's Atari wrapper."""
+    alone = prepared([f"env.id={name}"])
+    assert make_env(alone.config).observation_space.shape == (64, 64, 4)
+    assert alone.settings.env.environment == {"clip_rewards": True}
+    made = prepared(["env=cartpole", f"env.id={name}"])
     env = make_env(made.config)
     obs, _ = env.reset(seed=0)
     assert obs.shape == (64, 64, 1) and obs.dtype == np.float32  # 64x64 grayscale, scaled
@@ -101,7 +106,7 @@ def test_an_ale_id_gets_rllibs_atari_preprocessing_however_it_is_named(name: str
 def test_env_atari_takes_any_ale_id_and_false_keeps_the_raw_frames():
     made = prepared(["env=atari", "env.id=ALE/Pong-v5"])
     assert make_env(made.config).observation_space.shape == (64, 64, 4)
-    raw = prepared(["env.id=ALE/Pong-v5", "env.atari=false"])
+    raw = prepared(["env=cartpole", "env.id=ALE/Pong-v5", "env.atari=false"])
     env = make_env(raw.config)
     space = env.observation_space
     assert space.shape == (210, 160, 3) and space.dtype == np.float32

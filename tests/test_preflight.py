@@ -250,3 +250,54 @@ def test_a_negative_return_is_a_valid_stop_criterion():
     """Pendulum's returns are negative, and so is its solved return (the default stop)."""
     report = verdict(["algo=sac", "env=pendulum"])
     assert report.ok
+
+
+@pytest.mark.parametrize("algo", ["ppo", "appo", "impala", "dqn", "sac"])
+def test_every_algo_fits_a_2_cpu_machine_as_it_is(algo: str):
+    """`python -m runner algo=X` on 2 cores plans within them: APPO's tuned CartPole
+    example asks 2 aggregator actors (1 CPU each) beside its remote Learner, which get
+    fewer, with a line saying so (tests/test_train.py trains it here)."""
+    job = prepared([f"algo={algo}", "ray.num_cpus=2"])
+    report = preflight.check(
+        job.settings, job.config, job.plan, job.resources, job.warnings, job.spec
+    )
+    assert report.ok, report.problems
+    assert job.plan.total_cpus <= 2, job.plan
+    fitted = [line for line in job.placement.chosen if "aggregator" in line]
+    if algo == "appo":
+        assert job.config.num_aggregator_actors_per_learner == 0
+        (line,) = fitted
+        assert "2 aggregator actor(s) per Learner (1 CPU each) would want 4 CPUs" in line
+        assert "num_aggregator_actors_per_learner=0" in line
+        assert "preflight.strict=false keeps 2" in line
+    else:
+        assert not fitted
+
+
+def test_the_plan_shows_the_aggregator_actors_beside_their_learner():
+    """RLlib puts a remote Learner's aggregator actors in its bundle: the plan names them."""
+    job = prepared(["algo=appo", "ray.num_cpus=8"])
+    roles = {g.role: (g.count, g.cpus_each) for g in job.plan.groups}
+    assert roles["learner"] == (1, 1.0) and roles["aggregator"] == (2, 1.0)
+    assert job.plan.total_cpus == 4 and job.config.num_aggregator_actors_per_learner == 2
+    kept = prepared(["algo=appo", "ray.num_cpus=2", "preflight.strict=false"])
+    assert kept.config.num_aggregator_actors_per_learner == 2  # tried as it is
+
+
+def test_a_cpu_shortfall_names_only_settings_that_fix_it():
+    """Each named fix is computed from the plan: never the EnvRunner count of a run with
+    none; a combination where no one setting is enough."""
+    aggregators = "algo.learners.num_aggregator_actors_per_learner=2"
+    (alone,) = verdict(["algo=appo", aggregators, "ray.num_cpus=1"]).problems
+    assert "the plan's actors need 3 CPU(s) (1 learner x 1 + 2 aggregator x 1 CPU)" in alone
+    assert "set algo.learners.num_aggregator_actors_per_learner=0 (0: none)," in alone
+    assert "num_env_runners" not in alone and "num_learners" not in alone
+    (both,) = verdict(
+        ["algo=appo", aggregators, "scaling.num_env_runners=2", "ray.num_cpus=2"]
+    ).problems
+    assert (
+        "set scaling.num_env_runners=0 (0: sampling in the main process) with "
+        "algo.learners.num_aggregator_actors_per_learner=1," in both
+    )
+    (runners,) = verdict(["algo=impala", "scaling.num_env_runners=3", "ray.num_cpus=2"]).problems
+    assert "set scaling.num_env_runners=1, share the cores with ray.num_cpus=5" in runners

@@ -115,12 +115,14 @@ WAYS: dict[str, Way] = {
     "'env.wrappers=[minigrid.wrappers:ImgObsWrapper]' scaling.num_env_runners=1": Way(
         (*SMALL_BATCH, "stop.iterations=2"), expect="done (iterations 2 >= 2)"
     ),
-    # Pong's CNN, one iteration each (Atari at more scale: tests/test_tuned.py).
+    # Pong's CNN (Atari at more scale: tests/test_tuned.py): an ALE id named alone takes
+    # env=atari (one iteration); the README's runs its 2 iterations, its own budget, which
+    # no default stop.seconds cuts (a small batch: the same iterations, sooner).
     "python -m runner env.id=ALE/Pong-v5 stop.iterations=2": Way(
         (*SMALL_BATCH, "stop.iterations=1"), expect="done (iterations 1 >= 1)"
     ),
     "python -m runner env=atari env.id=ALE/Pong-v5 stop.iterations=2": Way(
-        (*SMALL_BATCH, "stop.iterations=1"), expect="done (iterations 1 >= 1)"
+        SMALL_BATCH, expect="done (iterations 2 >= 2)", absent="(default)"
     ),
     # Action masks (tests/test_masks.py: the masks honoured, the win rate logged); the
     # preset's 5 seeds: docs/tuned.md.
@@ -139,7 +141,8 @@ WAYS: dict[str, Way] = {
     ),
     # Tuned presets (their full runs are benchmarks: benchmarks/tuned_experiments.sh)
     "python -m runner algo=dqn env=cartpole": Way(
-        ("dry_run=true",), expect="tuned hyperparameters: conf/tuned/dqn_cartpole.yaml"
+        ("dry_run=true",),
+        expect="hyperparameters: DQN, conf/algo/dqn.yaml + conf/tuned/dqn_cartpole.yaml",
     ),
     "python -m runner experiment=tuned_dqn_cartpole": Way(
         (*TINY, "check.threshold=1"), expect="done (check passed"

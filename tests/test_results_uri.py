@@ -258,7 +258,10 @@ def test_a_mistyped_bucket_is_one_line_before_anything_runs(s3, tmp_path, monkey
     line = str(refused.value)
     assert "\n" not in line and "results.uri=s3://rnus/team" in line
     assert "cannot write to s3://rnus/team/" in line and "bucket" in line, line
-    assert not (run_dir / "summary.json").exists()
+    # Nothing ran: the record says it was refused, and why; no result beside it.
+    record = json.loads((run_dir / "summary.json").read_text())
+    assert record["status"] == "refused" and record["error"] == line
+    assert not (run_dir / "metrics.jsonl").exists() and not (run_dir / "checkpoints").exists()
     assert time.perf_counter() - started < 10
 
 

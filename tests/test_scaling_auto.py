@@ -139,3 +139,25 @@ def test_a_cache_file_cut_short_or_for_other_settings_is_measured_again(tmp_path
     assert read_cached(path, {"env": "Pendulum-v1"}) is None
     path.write_text(path.read_text()[:20])
     assert read_cached(path, key) is None
+
+
+@pytest.mark.slow
+def test_a_spent_budget_leaves_the_other_layouts_out_and_says_so(tmp_path: Path):
+    """scaling.auto.budget_seconds: no candidate starts that would end past it; the
+    configured layout is measured and kept; each measurement is a line saying how many
+    of how many, and the rows name what the budget left out."""
+    cache = f"scaling.auto.cache_dir={tmp_path / 'layouts'}"
+    dry = run_cli(tmp_path, *COMMON, cache, "scaling.auto.budget_seconds=0.1", "dry_run=true")
+    assert dry.returncode == 0, dry.stderr
+    assert "scaling=auto [1 of at most 6, " in dry.stdout  # 4 layouts + 2 re-measurements
+    [cache_file] = (tmp_path / "layouts").glob("layouts-*.json")
+    rows = json.loads(cache_file.read_text())["rows"]
+    by_status = {(layout(r), r["status"]) for r in rows}
+    assert by_status == {
+        (Layout(64, 2, "sync"), scaling_auto.NO_FIT),
+        (Layout(0, 2, "sync"), "measured"),
+        (Layout(0, 4, "sync"), scaling_auto.BUDGET_SPENT),
+        (Layout(1, 2, "sync"), scaling_auto.BUDGET_SPENT),
+        (Layout(1, 4, "sync"), scaling_auto.BUDGET_SPENT),
+    }
+    assert "scaling=auto chose local x 2 envs (sync): no layout beat" in dry.stdout

@@ -28,6 +28,7 @@ LAYERS = [
         "schema",
         "job",
         "console",
+        "budget",
         "overrides",
         "guard",
         "check",

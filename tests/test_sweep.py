@@ -91,18 +91,25 @@ def test_summary_rebuilds_from_the_sweep_dir(finished_sweep, capsys):
 
 
 @pytest.mark.slow
-def test_failed_job_is_recorded_and_the_rest_run(tmp_path: Path):
+def test_refused_job_is_recorded_and_the_rest_run(tmp_path: Path):
+    """A job whose settings are refused records why (job.json and its summary.json say
+    refused), the others run, and the sweep counts it and exits 1."""
     proc = run_sweep(tmp_path, "scaling.num_envs_per_env_runner=1,0", *JOB)
     assert proc.returncode == 1
-    assert proc.stderr.strip().splitlines()[-1] == "error: 1 of 2 sweep jobs failed (job 1)"
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last == "error: 1 of 2 sweep jobs failed or were refused (1 refused: job 1)"
+    assert "sweep: 2 jobs, 1 refused; summary in" in proc.stdout
     rows = read_summary(tmp_path / "sweep")
-    assert [r["status"] for r in rows] == ["finished", "failed"]
+    assert [r["status"] for r in rows] == ["finished", "refused"]
     assert rows[1]["error"] == "scaling.num_envs_per_env_runner must be >= 1, got 0"
-    # Running it again retries the failed job only, keeping its first attempt.
+    record = json.loads((tmp_path / "sweep" / "1" / "summary.json").read_text())
+    assert record["status"] == "refused" and record["error"] == rows[1]["error"]
+    assert "2 jobs, 1 refused." in (tmp_path / "sweep" / "summary.md").read_text()
+    # Running it again retries the refused job only, keeping its first attempt.
     again = run_sweep(tmp_path, "scaling.num_envs_per_env_runner=1,0", *JOB)
     assert again.returncode == 1
     assert again.stdout.count("skipped") == 1
-    assert "the earlier failed attempt's files are kept in attempt-1/" in again.stdout
+    assert "the earlier refused attempt's files are kept in attempt-1/" in again.stdout
     assert (tmp_path / "sweep" / "1" / "attempt-1" / "job.json").is_file()
 
 
@@ -120,9 +127,9 @@ def test_sweep_dry_run_plans_every_job_and_runs_none(tmp_path: Path):
     assert not list((tmp_path / "sweep").rglob("metrics.jsonl"))
     assert [r["status"] for r in read_summary(tmp_path / "sweep")] == [
         "dry_run",
-        "failed",
+        "refused",
         "dry_run",
-        "failed",
+        "refused",
     ]
 
 
@@ -217,6 +224,12 @@ def test_interval_and_curve_band():
     grid, mid, _, _ = seeds.band([early, late])
     assert grid[0] == 10.0 and grid[-1] == 40.0
     assert mid[-1] == pytest.approx(4.0)  # mean of 3 (held) and 5
+    # Below 4 seeds an IQM trims nothing: the legend says mean, as the tables do.
+    assert [seeds.center(n) for n in (1, 3, 4)] == [
+        "mean over 1 seed",
+        "mean over 3 seeds",
+        "IQM over 4 seeds",
+    ]
 
 
 def test_a_measured_threshold_names_the_random_policy_in_the_criterion():

@@ -81,19 +81,58 @@ def _learning_figures(rows: list[dict]) -> list[dict]:
     ]
 
 
+def test_the_start_says_what_the_run_is_and_what_ends_it(tmp_path: Path, monkeypatch, capsys):
+    """An env of the user's own: no preset, its env-step budget (a default), no other env's
+    target; a user's budget drops the defaults; a check says how it decides."""
+    monkeypatch.chdir(tmp_path)
+    own = "env.entry_point=gymnasium.envs.classic_control:CartPoleEnv"
+    runner.run([own, "dry_run=true", "hydra.run.dir=own"])
+    out = capsys.readouterr().out
+    assert "env: env.entry_point=gymnasium.envs.classic_control:CartPoleEnv, env=custom " in out
+    assert "hyperparameters: PPO, conf/algo/ppo.yaml (no tuned file for ppo on env=custom)" in out
+    assert "stops at the first of: 100,000 env steps (default); a budget you set" in out
+    runner.run(["env.id=ALE/Pong-v5", "stop.iterations=2", "dry_run=true", "hydra.run.dir=pong"])
+    out = capsys.readouterr().out
+    assert "env: env.id=ALE/Pong-v5, env=atari\n" in out
+    assert "stops at the first of: 2 iterations\n" in out
+    runner.run(["experiment=tuned_dqn_cartpole", "dry_run=true", "hydra.run.dir=tuned"])
+    out = capsys.readouterr().out
+    assert "conf/algo/dqn.yaml + conf/tuned/dqn_cartpole.yaml (rllib/examples/" in out
+    assert (
+        "check: env_runners/episode_return_mean >= 450 within 200,000 env steps, stopping "
+        "once decided; exit 1 if missed" in out
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("joins_shared_ray")
+def test_appo_trains_as_it_is_on_this_machine(tmp_path: Path, monkeypatch):
+    """`python -m runner algo=appo` was refused on 2 cores: its tuned example's 2
+    aggregator actors (1 CPU each) beside the Learner are fewer where they do not fit."""
+    monkeypatch.chdir(tmp_path)
+    summary = runner.run(["algo=appo", "debug=tiny", "stop.iterations=2", "hydra.run.dir=run"])
+    assert summary["status"] == "finished" and summary["iterations"] == 2
+    assert summary["env_steps"] > 0
+
+
 @pytest.mark.slow
 def test_same_seed_without_env_runner_actors_gives_identical_metrics(cli):
     """num_env_runners=0: sampling and learning in one process, so a seed fixes every
     figure of the first iterations (the README says what is not deterministic)."""
     common = (*TINY, "scaling.num_env_runners=0", "stop.iterations=2", "checkpoint.at_end=false")
-    first = cli(*common, "seed=3", run_dir="a")
+    first = cli(*common, "seed=3", "verbose=true", run_dir="a")
     second = cli(*common, "seed=3", run_dir="b")
     other = cli(*common, "seed=4", run_dir="c")
     for result in (first, second, other):
         assert result.returncode == 0, result.stderr
-    # What the run runs: the AlgorithmConfig's changes, once, before the first iteration.
+    # What the run runs, before the first iteration: what ends it, and with verbose=true
+    # the AlgorithmConfig's changes, once (always in algorithm_config.json).
     assert first.stdout.count("settings that differ from RLlib") == 1
     assert first.stdout.index('"seed": 3') < first.stdout.index("iter    1")
+    assert "settings that differ from RLlib" not in second.stdout
+    stops = "stops at the first of: 2 iterations\n"
+    assert second.stdout.index(stops) < second.stdout.index("iter    1")
+    assert json.loads((second.run_dir / "algorithm_config.json").read_text())["seed"] == 3
     figures = _learning_figures(first.jsonl("metrics.jsonl"))
     assert len(figures) == 2 and "learners/default_policy/total_loss" in figures[0]
     assert figures == _learning_figures(second.jsonl("metrics.jsonl"))

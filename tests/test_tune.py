@@ -267,9 +267,12 @@ def test_evaluation_during_training_is_on_the_progress_line_and_in_the_summary(o
     assert summary["best_eval_return_mean"] == pytest.approx(max(returns))
     assert summary["final_eval_return_mean"] == pytest.approx(returns[-1])
     assert summary["checkpoints_ranked_by"] == "evaluation"
-    # The AlgorithmConfig's changes, once, before the first iteration.
-    assert out.count("settings that differ from RLlib") == 1
-    assert out.index('"evaluation_interval": 1') < out.index("iter    1")
+    # What ends the run, once, before the first iteration; the AlgorithmConfig (its
+    # evaluation every iteration) in the run dir.
+    assert out.count("stops at the first of:") == 1
+    assert out.index("stops at the first of:") < out.index("iter    1")
+    config = json.loads((run / "algorithm_config.json").read_text())
+    assert config["evaluation_interval"] == 1
     assert (run / "learning_curve.png").stat().st_size > 1000
 
 

@@ -40,6 +40,7 @@ from ray.rllib.core.rl_module.torch import TorchRLModule
 from torch._dynamo.utils import counters
 
 from runner.algorithm_config import build_module
+from runner.budget import Budget
 from runner.compile.apply import compile_function
 from runner.compile.settings import (
     IDLE,
@@ -178,6 +179,8 @@ def check(settings: RunnerConfig, kinds: list[str] | None = None) -> None:
             f"margin >= 0, got {auto.timed_calls}, {auto.warmup_calls}, "
             f"{auto.timed_seconds} and {auto.margin}"
         )
+    if auto.budget_seconds <= 0:
+        raise ConfigError(f"compile.auto.budget_seconds must be > 0, got {auto.budget_seconds:g}")
     if auto.expected_iterations is not None and auto.expected_iterations < 1:
         raise ConfigError(
             f"compile.auto.expected_iterations must be >= 1 (or null), "
@@ -279,11 +282,22 @@ def _gap(ours: dict, theirs: dict) -> float:
     return max(gaps) / scale
 
 
+# A candidate the budget left no time to compile.
+BUDGET_SPENT = "left out: compile.auto.budget_seconds spent"
+
+
 def measure(
-    comp: Component, module: TorchRLModule, batch: dict, auto: AutoConfig
+    comp: Component,
+    module: TorchRLModule,
+    batch: dict,
+    auto: AutoConfig,
+    budget: Budget,
+    kinds_left: int = 1,
 ) -> dict[str, Any]:
     """Eager and every usable candidate, timed round-robin; per candidate its status,
-    compile seconds, median seconds per call and gap to eager."""
+    compile seconds, median seconds per call and gap to eager. A candidate compiles only
+    where the budget leaves it time beside the timed rounds of this kind and the
+    `kinds_left` - 1 after it."""
     torch._dynamo.reset()
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(comp.threads)
@@ -301,6 +315,10 @@ def measure(
             if reason:
                 row.update(status="skipped", reason=reason)
                 continue
+            if not budget.affordable(keep=auto.timed_seconds * kinds_left):
+                row.update(status="skipped", reason=BUDGET_SPENT)
+                continue
+            budget.begin()
             backend, mode = parse(preset)
             twin = copy.deepcopy(module)
             spec = CompileSpec(backend, mode, comp.dynamic, True, True, "forward_train")
@@ -313,7 +331,12 @@ def measure(
                 row["max_rel_diff"] = _gap(out, reference)
             except Exception as ex:  # a backend that cannot compile this module
                 row.update(status="failed", reason=one_line(ex))
+                budget.measured(f"{comp.kind.replace('_', ' ')}: {preset} failed")
                 continue
+            budget.measured(
+                f"{comp.kind.replace('_', ' ')}: {preset} compiled in "
+                f"{row['compile_seconds']:.1f} s"
+            )
             if row["max_rel_diff"] > AGREEMENT:
                 row.update(
                     status="failed",
@@ -427,6 +450,7 @@ def cache_key(
         "input": {k: [*v.shape, str(v.dtype)] for k, v in sorted(batch.items())},
         "candidates": list(auto.candidates),
         "timing": [auto.warmup_calls, auto.timed_calls, auto.timed_seconds],
+        "budget_seconds": auto.budget_seconds,  # a bigger one may measure what this left out
     }
 
 
@@ -436,7 +460,12 @@ def _cache_file(auto: AutoConfig, key: dict[str, Any]) -> Path:
 
 
 def measured_or_cached(
-    settings: RunnerConfig, config: AlgorithmConfig, comp: Component, refresh: bool
+    settings: RunnerConfig,
+    config: AlgorithmConfig,
+    comp: Component,
+    refresh: bool,
+    budget: Budget,
+    kinds_left: int = 1,
 ) -> tuple[dict[str, Any], str, float]:
     """The figures for this component kind: from the cache unless `refresh`; and where
     they came from ("cache" or "measured") and the seconds it took."""
@@ -448,7 +477,7 @@ def measured_or_cached(
     cached = None if refresh else read_cached(path, key)
     if cached is not None:
         return cached["measured"], "cache", time.perf_counter() - start
-    figures = measure(comp, module, batch, auto)
+    figures = measure(comp, module, batch, auto, budget, kinds_left)
     write_json(path, {"key": key, "measured": figures})
     return figures, "measured", time.perf_counter() - start
 
@@ -467,11 +496,17 @@ def choose(
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(settings.compile.cache_dir).resolve())
     section: dict[str, Any] = {"margin": auto.margin, "cache_dir": str(cache_dir(auto))}
     refresh = auto.refresh if refresh is None else refresh
-    for kind in wanted_kinds(settings) if kinds is None else kinds:
-        comp = component(settings, config, kind)
-        figures, source, seconds = measured_or_cached(settings, config, comp, refresh)
-        section[kind] = {**decide(figures, comp, auto.margin), "source": source}
-        section[kind]["decision_seconds"] = seconds
+    kinds = wanted_kinds(settings) if kinds is None else kinds
+    budget = Budget("compile=auto", auto.budget_seconds, len(kinds) * len(auto.candidates))
+    with budget.shown("candidates compiled"):
+        for n, kind in enumerate(kinds):
+            comp = component(settings, config, kind)
+            left = len(kinds) - n
+            figures, source, seconds = measured_or_cached(
+                settings, config, comp, refresh, budget, left
+            )
+            section[kind] = {**decide(figures, comp, auto.margin), "source": source}
+            section[kind]["decision_seconds"] = seconds
     return section
 
 

@@ -41,14 +41,31 @@ RESULT_FILES = (METRICS, SUMMARY, CHECKPOINTS, BENCH, EVAL, ONNX)
 
 
 def refuse_used(run_dir: Path) -> None:
-    """A run dir holding a run's results is never written into again: one line naming it."""
-    from runner.errors import ConfigError
+    """A run dir holding a run's results is never written into again: one line naming it.
+    A refused run's record alone is no result (nothing ran): the same command, fixed,
+    may use the dir."""
+    from runner.errors import RunDirUsed
 
-    if any((run_dir / name).exists() for name in RESULT_FILES):
-        raise ConfigError(
+    used = [name for name in RESULT_FILES if (run_dir / name).exists()]
+    if used == [SUMMARY] and read_status(run_dir) == REFUSED:
+        return
+    if used:
+        raise RunDirUsed(
             f"run dir '{run_dir}' already holds a run's results; choose a new hydra.run.dir, "
             f"or continue that run with resume={run_dir}"
         )
+
+
+# The status of a job the runner refused before it ran anything (bad input, a shortfall).
+REFUSED = "refused"
+
+
+def read_status(run_dir: Path) -> str | None:
+    """The status summary.json records, or None where there is none (or it is unreadable)."""
+    try:
+        return json.loads((run_dir / SUMMARY).read_text()).get("status")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 # The headline figures of one iteration, taken from RLlib's result dict.

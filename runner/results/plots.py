@@ -112,14 +112,14 @@ def curve_band(
     curve: tuple[Any, Any, Any, Any],
     title: str,
     threshold: float | None,
-    seeds: int,
+    center: str,
 ) -> Path:
-    """A learning curve over seeds: the IQM line and its confidence interval as a band,
-    with the check's threshold as a dashed line."""
+    """A learning curve over seeds: the line `center` names (e.g. "IQM over 5 seeds") and
+    its confidence interval as a band, with the check's threshold as a dashed line."""
     plt = pyplot()
     grid, mid, low, high = curve
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(grid, mid, "-", label=f"IQM over {seeds} seed(s)")
+    ax.plot(grid, mid, "-", label=center)
     ax.fill_between(grid, low, high, alpha=0.3, label="95 % bootstrap CI")
     if threshold is not None:
         ax.axhline(threshold, color="black", linestyle="--", linewidth=0.8, label="threshold")

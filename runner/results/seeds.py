@@ -87,6 +87,12 @@ def interval(
 IQM_SEEDS = 4
 
 
+def center(seeds: int) -> str:
+    """What an IQM over `seeds` seeds is, in a plot's legend: below IQM_SEEDS it trims
+    nothing and is the mean, as the tables mark it."""
+    return f"{'IQM' if seeds >= IQM_SEEDS else 'mean'} over {seeds} seed{'s' * (seeds != 1)}"
+
+
 def interval_text(group: dict[str, Any], name: str, center: str = "iqm") -> str:
     """A group's figure with its interval, e.g. "412 [380, 450]" ("-": none); an IQM over
     fewer than IQM_SEEDS seeds is marked "(mean)"."""
@@ -216,7 +222,7 @@ def group(rows: list[dict[str, Any]], out_dir: Path, label: Callable[[dict], str
         if any(x.size for x, _ in curves):
             path = out_dir / f"learning_curve_{n}.png"
             plots.curve_band(
-                path, band(curves), row["configuration"], row["threshold"], len(curves)
+                path, band(curves), row["configuration"], row["threshold"], center(len(curves))
             )
             row["curve"] = path.name
         out.append(row)
