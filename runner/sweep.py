@@ -68,8 +68,9 @@ def _read_json(path: Path) -> dict[str, Any]:
 def job_row(job_dir: Path) -> dict[str, Any]:
     """One job's row: its overrides and status, and the figures its task wrote."""
     job = read_job(job_dir) or {}
-    overrides = job.get("overrides") or _overrides(job_dir)
     summary = _read_json(job_dir / SUMMARY)
+    # A run refused before it wrote composed_overrides.yaml has them in its record.
+    overrides = job.get("overrides") or _overrides(job_dir) or summary.get("overrides") or []
     row: dict[str, Any] = {
         "job": job_dir.name,
         "overrides": " ".join(overrides),
@@ -131,10 +132,11 @@ def _add_speedups(rows: list[dict[str, Any]]) -> None:
 
 def job_dirs(sweep_dir: Path) -> list[Path]:
     """The sweep's job dirs (those a job recorded itself in), in job-number order."""
+    recorded = (JOB_FILE, OVERRIDES, SUMMARY)
     dirs = [
         p
         for p in sweep_dir.iterdir()
-        if p.is_dir() and ((p / JOB_FILE).is_file() or (p / OVERRIDES).is_file())
+        if p.is_dir() and any((p / name).is_file() for name in recorded)
     ]
     return sorted(dirs, key=lambda p: (int(p.name) if p.name.isdigit() else 1 << 30, p.name))
 

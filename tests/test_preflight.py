@@ -256,7 +256,8 @@ def test_a_negative_return_is_a_valid_stop_criterion():
 def test_every_algo_fits_a_2_cpu_machine_as_it_is(algo: str):
     """`python -m runner algo=X` on 2 cores plans within them: APPO's tuned CartPole
     example asks 2 aggregator actors (1 CPU each) beside its remote Learner, which get
-    fewer, with a line saying so (tests/test_train.py trains it here)."""
+    fewer, with a line saying so. The layout APPO gets here, a remote Learner with no
+    aggregator actor, trains in tests/test_env_wrappers.py (IMPALA's default count)."""
     job = prepared([f"algo={algo}", "ray.num_cpus=2"])
     report = preflight.check(
         job.settings, job.config, job.plan, job.resources, job.warnings, job.spec

@@ -113,6 +113,22 @@ def test_refused_job_is_recorded_and_the_rest_run(tmp_path: Path):
     assert (tmp_path / "sweep" / "1" / "attempt-1" / "job.json").is_file()
 
 
+def test_a_summary_of_runs_counts_the_refused_ones(tmp_path: Path, capsys):
+    """`python -m runner.sweep` over a dir of single runs: a run refused before it wrote
+    anything but its record is a row, refused, with its line."""
+    for n, bad in enumerate(["stop.iterations=-3", "scaling.num_env_runners=-1"]):
+        refused = run_cli(tmp_path, bad, run_dir=f"runs/{n}", own_ray=True)  # no Ray: refused
+        assert refused.returncode == 2 and "must be >= 0" in refused.stderr
+    assert sweep.main([str(tmp_path / "runs")]) == 1
+    assert "2 jobs, 2 refused." in capsys.readouterr().out
+    rows = read_summary(tmp_path / "runs")
+    assert [(r["status"], r["overrides"]) for r in rows] == [
+        ("refused", "stop.iterations=-3"),
+        ("refused", "scaling.num_env_runners=-1"),
+    ]
+    assert rows[1]["error"] == "scaling.num_env_runners must be >= 0, got -1"
+
+
 @pytest.mark.slow
 def test_sweep_dry_run_plans_every_job_and_runs_none(tmp_path: Path):
     proc = run_sweep(

@@ -105,17 +105,6 @@ def test_the_start_says_what_the_run_is_and_what_ends_it(tmp_path: Path, monkeyp
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("joins_shared_ray")
-def test_appo_trains_as_it_is_on_this_machine(tmp_path: Path, monkeypatch):
-    """`python -m runner algo=appo` was refused on 2 cores: its tuned example's 2
-    aggregator actors (1 CPU each) beside the Learner are fewer where they do not fit."""
-    monkeypatch.chdir(tmp_path)
-    summary = runner.run(["algo=appo", "debug=tiny", "stop.iterations=2", "hydra.run.dir=run"])
-    assert summary["status"] == "finished" and summary["iterations"] == 2
-    assert summary["env_steps"] > 0
-
-
-@pytest.mark.slow
 def test_same_seed_without_env_runner_actors_gives_identical_metrics(cli):
     """num_env_runners=0: sampling and learning in one process, so a seed fixes every
     figure of the first iterations (the README says what is not deterministic)."""

@@ -496,12 +496,17 @@ def choose(
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(settings.compile.cache_dir).resolve())
     section: dict[str, Any] = {"margin": auto.margin, "cache_dir": str(cache_dir(auto))}
     refresh = auto.refresh if refresh is None else refresh
-    kinds = wanted_kinds(settings) if kinds is None else kinds
-    budget = Budget("compile=auto", auto.budget_seconds, len(kinds) * len(auto.candidates))
+    comps = [
+        component(settings, config, k) for k in (wanted_kinds(settings) if kinds is None else kinds)
+    ]
+    usable = sum(
+        skip_reason(c, comp.kind, comp.device) is None for comp in comps for c in auto.candidates
+    )
+    budget = Budget("compile=auto", auto.budget_seconds, usable)
     with budget.shown("candidates compiled"):
-        for n, kind in enumerate(kinds):
-            comp = component(settings, config, kind)
-            left = len(kinds) - n
+        for n, comp in enumerate(comps):
+            kind = comp.kind
+            left = len(comps) - n
             figures, source, seconds = measured_or_cached(
                 settings, config, comp, refresh, budget, left
             )
