@@ -9,8 +9,8 @@ done of how many and the seconds spent of the budget, and draws a progress bar.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 
 from runner.console import console, progress
 
@@ -25,14 +25,18 @@ class Budget:
         self.longest = 0.0  # the longest measurement so far
         self.done = 0
         self._began = self.start
-        self._bar = lambda n: None
+        self._bar: Callable[[int], None] | None = None
+        self._show: Callable[[], Callable[[int], None]] | None = None
 
     @contextmanager
     def shown(self, unit: str) -> Iterator[Budget]:
-        """The progress bar of `unit` measured, while the measurements run."""
-        with progress(f"{self.what}: {unit} (budget {self.seconds:g} s)", self.total) as bar:
-            self._bar = bar
+        """The progress bar of `unit` measured, from the first measurement on (none where
+        everything came from a cache) to the end of the block."""
+        description = f"{self.what}: {unit} (budget {self.seconds:g} s)"
+        with ExitStack() as stack:
+            self._show = lambda: stack.enter_context(progress(description, self.total))
             yield self
+        self._bar = self._show = None
 
     @property
     def spent(self) -> float:
@@ -45,12 +49,15 @@ class Budget:
 
     def begin(self) -> None:
         self._began = time.perf_counter()
+        if self._bar is None and self._show is not None:
+            self._bar = self._show()
 
     def measured(self, line: str) -> None:
         """One measurement ended (begun at `begin`): its line, the bar one step on."""
         self.longest = max(self.longest, time.perf_counter() - self._began)
         self.done += 1
-        self._bar(self.done)
+        if self._bar is not None:
+            self._bar(self.done)
         console.print(
             f"{self.what} [{self.done} of at most {self.total}, {self.spent:.0f} of "
             f"{self.seconds:g} s]: {line}"
