@@ -263,11 +263,18 @@ def measure_all(
     would end within the budget."""
     auto = settings.scaling.auto
     rows: list[dict[str, Any]] = []
-    configs: dict[Layout, AlgorithmConfig] = {}
+    plans: dict[Layout, tuple[AlgorithmConfig, Plan]] = {}  # each layout planned once
+    done: set[Layout] = set()  # the layouts measured
     base = baseline(settings)
+
+    def planned(layout: Layout) -> tuple[AlgorithmConfig, Plan]:
+        if layout not in plans:
+            plans[layout] = plan(with_layout(settings, layout), resources)
+        return plans[layout]
+
     fitting = []
     for series in candidates(settings, resources.cpus):
-        if series and fits(plan(with_layout(settings, series[0]), resources)[1], resources):
+        if series and fits(planned(series[0])[1], resources):
             fitting.append(series)
         elif series:
             rows.append({**asdict(series[0]), "status": NO_FIT})
@@ -278,9 +285,8 @@ def measure_all(
     def measured(layout: Layout) -> float:
         """Sample with `layout` once more; its env steps/s."""
         budget.begin()
-        if layout not in configs:
-            configs[layout] = plan(with_layout(settings, layout), resources)[0]
-        config = configs[layout].copy(copy_frozen=False)
+        done.add(layout)
+        config = planned(layout)[0].copy(copy_frozen=False)
         config.evaluation(evaluation_interval=None)  # no evaluation EnvRunners here
         figures = measure(config, auto.seconds)
         rows.append({**asdict(layout), "status": "measured", **figures})
@@ -289,15 +295,13 @@ def measure_all(
 
     def rate(layout: Layout) -> float | None:
         """A candidate's rate, measured once; None where it does not fit."""
-        if layout in configs:
+        if layout in done:
             return best_rates(rows)[layout]
         if not budget.affordable():
             raise _BudgetSpent
-        config, layout_plan = plan(with_layout(settings, layout), resources)
-        if not fits(layout_plan, resources):
+        if not fits(planned(layout)[1], resources):
             rows.append({**asdict(layout), "status": NO_FIT})
             return None
-        configs[layout] = config
         return measured(layout)
 
     with budget.shown("measurements"):
@@ -316,7 +320,7 @@ def measure_all(
                     if i != first + step:
                         break
         except _BudgetSpent:
-            left = dict.fromkeys(x for s in fitting for x in s if x not in configs)
+            left = dict.fromkeys(x for s in fitting for x in s if x not in done)
             rows += [{**asdict(x), "status": BUDGET_SPENT} for x in left]
         rates = best_rates(rows)
         fastest = max(rates, key=lambda layout: rates[layout])
