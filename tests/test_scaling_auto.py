@@ -24,6 +24,9 @@ COMMON = [
     "scaling.auto.env_runners=[0,1,64]",
     "scaling.auto.envs_per_env_runner=[2,4]",
     "scaling.auto.vectorize_modes=[sync]",
+    # Time for every layout however busy the machine is (in CI the default 30 s left one
+    # out); the budget test below sets its own.
+    "scaling.auto.budget_seconds=600",
 ]
 
 
