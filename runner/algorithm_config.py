@@ -25,6 +25,7 @@ from runner.compile.apply import add_to_config
 from runner.compile.settings import CompileSpec
 from runner.envs import environment_kwargs, observation_spaces, setting, wraps_atari
 from runner.errors import ConfigError, did_you_mean
+from runner.fast_step import choose as choose_training_step
 from runner.masking import (
     MAIN,
     RANDOM,
@@ -365,5 +366,6 @@ def build_algorithm_config(settings: RunnerConfig, spec: CompileSpec | None) -> 
     _call(
         config.debugging, "seed", {"seed": settings.seed, "log_level": settings.ray.log_level.value}
     )
+    choose_training_step(config, algo.fast_step)
     add_to_config(config, spec)
     return config

@@ -29,6 +29,7 @@ from runner.compile.apply import add_to_config
 from runner.compile.settings import CompileSpec
 from runner.console import console
 from runner.errors import ConfigError, PreflightError, RunEnded, RunnerError, one_line
+from runner.fast_step import describe as describe_training_step
 from runner.job import Job
 from runner.overrides import CUSTOM_ENV
 from runner.plan import Plan, make_plan
@@ -141,7 +142,8 @@ def start_lines(prepared: Prepared, choices: dict[str, Any], cfg: DictConfig) ->
         lines.append(describe_stops(stop, defaults))
         check = Check(settings.check).describe()
         lines += [check] if check else []
-    return lines + prepared.placement.chosen
+    step = describe_training_step(prepared.config, settings.algo.fast_step)
+    return lines + ([step] if step else []) + prepared.placement.chosen
 
 
 def print_plan(plan: Plan, report: preflight.Report, res: machine.Resources) -> None:

@@ -166,6 +166,18 @@ class ScalingConfig:
 
 
 @dataclass
+class FastStepConfig:
+    """DQN's and SAC's training step (runner/fast_step.py): a flat replay buffer and
+    several gradient updates per Learner call, at the configured replay ratio; a config
+    it cannot run takes RLlib's own step, and the run's first lines say why."""
+
+    enabled: bool = True
+    # Gradient updates per Learner call (and per weight sync to the EnvRunners), the
+    # env steps for them sampled first in one call.
+    updates_per_call: int = 8
+
+
+@dataclass
 class AlgoConfig:
     """An RLlib algorithm; each dict is passed as keyword arguments to its builder method."""
 
@@ -185,6 +197,7 @@ class AlgoConfig:
     )
     callbacks: dict[str, Any] = field(default_factory=dict)
     multi_agent: dict[str, Any] = field(default_factory=dict)
+    fast_step: FastStepConfig = field(default_factory=FastStepConfig)
 
 
 @dataclass

@@ -208,6 +208,11 @@ def check_settings(settings: RunnerConfig) -> None:
         scaling_auto.check(settings)
     check_run(settings)
     check_n_step(settings.algo)
+    if settings.algo.fast_step.updates_per_call < 1:
+        raise ConfigError(
+            f"algo.fast_step.updates_per_call={settings.algo.fast_step.updates_per_call}: "
+            "give at least 1 (gradient updates per Learner call)"
+        )
 
 
 def validate(settings: RunnerConfig, task: Task) -> tuple[CompileSpec | None, list[str]]:

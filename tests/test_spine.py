@@ -43,6 +43,7 @@ LAYERS = [
         "search",
         "results.files",
         "results.plots",
+        "flat_replay",
     },
     # results and faults
     {
@@ -67,6 +68,7 @@ LAYERS = [
         "compile.apply",
         "compile.report",
         "compile.auto",
+        "fast_step",
         "algorithm_config",
         "preflight",
         "scaling_auto",

@@ -1,0 +1,284 @@
+"""The fast off-policy training step: DQN and SAC on a flat replay buffer, several
+minibatch updates per Learner call.
+
+RLlib's step (Ray 2.60) samples its replay buffer one episode object per item, batches
+them through the Learner's connector pipeline and makes one Learner call, one weight
+sync, per gradient update; at SB3's model sizes that bookkeeping is most of an update's
+time (issue 60). This step keeps RLlib's algorithm, Learner, losses, EnvRunners and
+metrics and replaces only that bookkeeping, through RLlib's own extension points
+(`Algorithm.training_step` and `config.learners(learner_class=...)`):
+
+- the EnvRunners sample `updates_per_call` updates' worth of env steps in one call, at
+  the configured replay ratio (RLlib's: one train batch per `rollout_fragment_length` x
+  envs x EnvRunners env steps, scaled by `training_intensity`);
+- the steps go into a `FlatReplay` (runner/flat_replay.py), which samples RLlib's
+  n-step transitions for all those updates at once;
+- the Learner takes them as one batch (`learner_group.update(batch=...,
+  minibatch_size=train_batch_size)`): one gradient step per minibatch, the target
+  networks updated (`after_gradient_based_update`) after each as RLlib does after each
+  of its calls, at the env-step count that minibatch stands for;
+- priorities are updated from every minibatch's TD errors, and the weights go to the
+  EnvRunners once per call.
+
+`unsupported` says which configs it cannot run; those run RLlib's own step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+from ray.rllib.algorithms.dqn.dqn import DQN, calculate_rr_weights
+from ray.rllib.algorithms.dqn.torch.dqn_torch_learner import DQNTorchLearner
+from ray.rllib.algorithms.sac.sac import SAC
+from ray.rllib.algorithms.sac.torch.sac_torch_learner import SACTorchLearner
+from ray.rllib.core import DEFAULT_MODULE_ID
+from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
+from ray.rllib.utils.metrics import (
+    ALL_MODULES,
+    ENV_RUNNER_RESULTS,
+    ENV_RUNNER_SAMPLING_TIMER,
+    LEARNER_RESULTS,
+    LEARNER_UPDATE_TIMER,
+    NUM_AGENT_STEPS_SAMPLED_LIFETIME,
+    NUM_ENV_STEPS_SAMPLED_LIFETIME,
+    REPLAY_BUFFER_ADD_DATA_TIMER,
+    REPLAY_BUFFER_SAMPLE_TIMER,
+    REPLAY_BUFFER_UPDATE_PRIOS_TIMER,
+    SYNCH_WORKER_WEIGHTS_TIMER,
+    TD_ERROR_KEY,
+    TIMERS,
+)
+
+from runner.flat_replay import FlatReplay
+from runner.schema import FastStepConfig
+
+# The env-step count each minibatch of a call stands for, passed to the Learner.
+MINIBATCH_TIMESTEPS = "runner_minibatch_timesteps"
+# Where the config carries algo.fast_step.updates_per_call: RLlib's dict for a custom
+# Learner's or Algorithm's own settings.
+UPDATES_PER_CALL = "runner_updates_per_call"
+# The replay buffer types the flat buffer stands in for: prioritized or not.
+BUFFERS = {"EpisodeReplayBuffer": False, "PrioritizedEpisodeReplayBuffer": True}
+
+
+class PerMinibatchUpdates:
+    """Learner mixin: what RLlib does after each Learner call (target network updates,
+    learning-rate schedules) done after each minibatch's gradient step instead, at that
+    minibatch's env-step count; RLlib's DQNLearner does it once per call."""
+
+    _minibatch_timesteps: Iterator[int] | None = None
+
+    def before_gradient_based_update(self, *, timesteps: dict[str, Any]) -> None:
+        super().before_gradient_based_update(timesteps=timesteps)  # type: ignore[misc]  # a mixin: the Learner comes next in the MRO
+        given = timesteps.get(MINIBATCH_TIMESTEPS)
+        self._minibatch_timesteps = None if given is None else iter(given)
+
+    def apply_gradients(self, gradients_dict: dict[Any, Any]) -> None:
+        super().apply_gradients(gradients_dict)  # type: ignore[misc]  # as above
+        if self._minibatch_timesteps is not None:
+            at = next(self._minibatch_timesteps)
+            super().after_gradient_based_update(  # type: ignore[misc]  # as above
+                timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: at}
+            )
+
+    def after_gradient_based_update(self, *, timesteps: dict[str, Any]) -> None:
+        if self._minibatch_timesteps is None:
+            super().after_gradient_based_update(timesteps=timesteps)  # type: ignore[misc]  # as above
+
+
+class FastDQNLearner(PerMinibatchUpdates, DQNTorchLearner):
+    """RLlib's DQN Learner, its target updates per minibatch."""
+
+
+class FastSACLearner(PerMinibatchUpdates, SACTorchLearner):  # type: ignore[misc]  # RLlib's SACLearner and TorchLearner type remove_module apart
+    """RLlib's SAC Learner, its target updates per minibatch."""
+
+
+def env_steps_per_update(config: AlgorithmConfig) -> float:
+    """Env steps sampled per train batch at RLlib's replay ratio (DQN's training_step:
+    `store_weight` sample calls of fragment x envs x EnvRunners steps, then
+    `sample_and_train_weight` updates)."""
+    store, train = calculate_rr_weights(config)
+    fragment = config.get_rollout_fragment_length()
+    per_call = fragment * config.num_envs_per_env_runner * max(config.num_env_runners, 1)
+    return store * per_call / train
+
+
+class FastStep:
+    """Algorithm mixin: `training_step` on a FlatReplay (see the module's docstring)."""
+
+    config: Any
+    metrics: Any
+    env_runner_group: Any
+    learner_group: Any
+    local_replay_buffer: Any
+
+    def setup(self, config: Any) -> None:  # Trainable's and Algorithm's types differ
+        super().setup(config)  # type: ignore[misc]  # a mixin: the Algorithm comes next
+        buffer = dict(self.config.replay_buffer_config)
+        prioritized = BUFFERS[_buffer_name(buffer.get("type"))]
+        self.flat_replay = FlatReplay(
+            int(buffer["capacity"]),
+            alpha=float(buffer.get("alpha", 1.0)) if prioritized else None,
+            seed=self.config.seed,
+        )
+        self.local_replay_buffer = None  # RLlib's, which this step does not use
+        self.beta = float(buffer.get("beta", 0.0)) if prioritized else 0.0
+        self.per_update = env_steps_per_update(self.config)
+        self.updates_owed = 0.0
+
+    def training_step(self) -> None:
+        config = self.config
+        with self.metrics.log_time((TIMERS, ENV_RUNNER_SAMPLING_TIMER)):
+            per_call = config.learner_config_dict[UPDATES_PER_CALL] * self.per_update
+            episodes, stats = self._sample(math.ceil(per_call))
+        self.metrics.aggregate(stats, key=ENV_RUNNER_RESULTS)
+        with self.metrics.log_time((TIMERS, REPLAY_BUFFER_ADD_DATA_TIMER)):
+            added = self.flat_replay.add(episodes)
+        # Not under RLlib's replay_buffer key, which its step aggregates into (a
+        # checkpoint's metrics go from one step to the other).
+        self.metrics.log_value(
+            ("flat_replay", "num_env_steps_stored"), len(self.flat_replay), window=1
+        )
+        sampled = self.metrics.peek((ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME), default=0)
+        if sampled < config.num_steps_sampled_before_learning_starts:
+            return
+        self.updates_owed += added / self.per_update
+        updates = int(self.updates_owed)
+        if updates == 0:
+            return
+        self.updates_owed -= updates
+        size = config.total_train_batch_size
+        with self.metrics.log_time((TIMERS, REPLAY_BUFFER_SAMPLE_TIMER)):
+            drawn = self.flat_replay.sample(updates * size, config.n_step, config.gamma, self.beta)
+        if drawn is None:  # no complete n-step transition yet: the updates wait
+            self.updates_owed += updates
+            return
+        batch = MultiAgentBatch(
+            {DEFAULT_MODULE_ID: SampleBatch(drawn.columns)}, env_steps=updates * size
+        )
+        # The env-step count each minibatch stands for: RLlib's step would have made
+        # it after sampling `per_update` more env steps than the minibatch before.
+        at = [int(sampled - (updates - 1 - k) * self.per_update) for k in range(updates)]
+        with self.metrics.log_time((TIMERS, LEARNER_UPDATE_TIMER)):
+            results = self.learner_group.update(
+                batch=batch,
+                minibatch_size=size,
+                num_epochs=1,
+                timesteps={
+                    NUM_ENV_STEPS_SAMPLED_LIFETIME: sampled,
+                    NUM_AGENT_STEPS_SAMPLED_LIFETIME: self.metrics.peek(
+                        (ENV_RUNNER_RESULTS, NUM_AGENT_STEPS_SAMPLED_LIFETIME), default={}
+                    ),
+                    MINIBATCH_TIMESTEPS: at,
+                },
+            )
+            # Each minibatch's TD errors, in order (kept out of the logged results).
+            td_errors = results[0][DEFAULT_MODULE_ID].pop(TD_ERROR_KEY).peek()
+            self.metrics.aggregate(results, key=LEARNER_RESULTS)
+        with self.metrics.log_time((TIMERS, REPLAY_BUFFER_UPDATE_PRIOS_TIMER)):
+            errors = np.concatenate([np.asarray(e) for e in _as_list(td_errors)])
+            self.flat_replay.update_priorities(drawn.rows, errors)
+        with self.metrics.log_time((TIMERS, SYNCH_WORKER_WEIGHTS_TIMER)):
+            self.env_runner_group.sync_weights(
+                from_worker_or_learner_group=self.learner_group,
+                policies=set(results[0]) - {ALL_MODULES},
+                inference_only=True,
+            )
+
+    def _sample(self, env_steps: int) -> tuple[list[Any], list[dict[str, Any]]]:
+        """`env_steps` env steps from the EnvRunners, shared out among the healthy remote
+        ones (the local one where there are none), with their metrics."""
+        group = self.env_runner_group
+        if group.num_remote_env_runners() <= 0:
+            runner = group.local_env_runner
+            return runner.sample(num_timesteps=env_steps), [runner.get_metrics()]
+        each = math.ceil(env_steps / max(group.num_healthy_remote_workers(), 1))
+        replies = group.foreach_env_runner(
+            lambda w: (w.sample(num_timesteps=each), w.get_metrics()),
+            local_env_runner=False,
+            timeout_seconds=self.config.sample_timeout_s,
+        )
+        return [e for episodes, _ in replies for e in episodes], [m for _, m in replies]
+
+
+def _as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
+class FastDQN(FastStep, DQN):
+    """RLlib's DQN with the fast training step."""
+
+
+class FastSAC(FastStep, SAC):
+    """RLlib's SAC with the fast training step."""
+
+
+FAST: dict[Any, tuple[type, type]] = {
+    DQN: (FastDQN, FastDQNLearner),
+    SAC: (FastSAC, FastSACLearner),
+}
+
+
+def _buffer_name(kind: Any) -> str:
+    return kind if isinstance(kind, str) else getattr(kind, "__name__", str(kind))
+
+
+def unsupported(config: AlgorithmConfig) -> str | None:
+    """Why the fast step cannot run `config` (None: it can)."""
+    if config.algo_class not in FAST:
+        return f"{getattr(config.algo_class, '__name__', config.algo_class)} is not DQN or SAC"
+    if config.framework_str != "torch":
+        return f"framework={config.framework_str}: the fast step's Learners are torch's"
+    if config.is_multi_agent:
+        return "a multi-agent run samples RLlib's multi-agent replay buffer"
+    kind = _buffer_name((getattr(config, "replay_buffer_config", None) or {}).get("type"))
+    if kind not in BUFFERS:
+        return (
+            f"algo.training.replay_buffer_config.type={kind}: the flat buffer stands in "
+            f"for {' and '.join(BUFFERS)} only"
+        )
+    if config.num_learners > 1:
+        return f"scaling.num_learners={config.num_learners}: the fast step updates one Learner"
+    if config.learner_class is not config.get_default_learner_class():
+        return f"algo.learners.learner_class={config.learner_class.__name__} is the user's own"
+    if config.model_config.get("use_lstm") or config.model_config.get("use_attention"):
+        return "a stateful module samples sequences, which the flat buffer does not"
+    if (
+        config._learner_connector is not None
+        or not config.add_default_connectors_to_learner_pipeline
+    ):
+        return "the Learner connector pipeline is the user's, which the fast step does not run"
+    if config._env_to_module_connector is not None:
+        return "the env-to-module connector is the user's; the flat buffer stores raw observations"
+    return None
+
+
+def choose(config: AlgorithmConfig, settings: FastStepConfig) -> None:
+    """Give `config` the fast step's Algorithm and Learner where it can run it."""
+    if not settings.enabled or unsupported(config) is not None:
+        return
+    algorithm, learner = FAST[config.algo_class]
+    config.algo_class = algorithm
+    own = {**config.learner_config_dict, UPDATES_PER_CALL: settings.updates_per_call}
+    config.learners(learner_class=learner, learner_config_dict=own)
+
+
+def describe(config: AlgorithmConfig, settings: FastStepConfig) -> str | None:
+    """The run's start line on its training step (None for other algorithms)."""
+    if isinstance(config.algo_class, type) and issubclass(config.algo_class, FastStep):
+        return (
+            f"training step: the runner's fast off-policy step ({settings.updates_per_call} "
+            "updates per Learner call on a flat replay buffer; algo.fast_step.enabled=false: "
+            "RLlib's own)"
+        )
+    if not settings.enabled:
+        return "training step: RLlib's own (algo.fast_step.enabled=false)"
+    reason = unsupported(config)
+    if reason is None or reason.endswith("is not DQN or SAC"):
+        return None
+    return f"training step: RLlib's own, as the fast step cannot run this config: {reason}"

@@ -1,0 +1,216 @@
+"""The fast off-policy step (runner/fast_step.py) against RLlib's own: the same losses and
+gradients on the same transitions, the same weights after K minibatches in one Learner
+call as after K of RLlib's calls, the step chosen by default and RLlib's where it cannot
+run (with the reason in the run's first lines), and checkpoints that restore across the
+two. RLlib's Learners, connectors and buffers run for real, from the runner's configs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from conftest import compose_config, prepared, run_cli
+from episodes import chunks
+from ray.rllib.core import DEFAULT_MODULE_ID
+from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
+from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED_LIFETIME
+from ray.rllib.utils.replay_buffers import PrioritizedEpisodeReplayBuffer
+from ray.rllib.utils.torch_utils import convert_to_torch_tensor
+
+from runner.app import start_lines
+from runner.fast_step import MINIBATCH_TIMESTEPS, FastDQN, FastSAC, FastStep
+from runner.flat_replay import FlatReplay
+
+PRESETS = {
+    "dqn": ("experiment=tuned_dqn_cartpole", "CartPole-v1"),
+    "sac": ("experiment=tuned_sac_pendulum", "Pendulum-v1"),
+}
+
+
+def learner_for(algo: str, *overrides: str):
+    """The preset's AlgorithmConfig as a run makes it, and its Learner built here."""
+    config = prepared([PRESETS[algo][0], *overrides]).config
+    return config, config.build_learner(env=gym.make(PRESETS[algo][1]))
+
+
+def filled(algo: str, config) -> tuple[FlatReplay, PrioritizedEpisodeReplayBuffer]:
+    buffer = config.replay_buffer_config
+    flat = FlatReplay(10_000, alpha=buffer["alpha"], seed=0)
+    ours = PrioritizedEpisodeReplayBuffer(capacity=10_000, alpha=buffer["alpha"])
+    for call in chunks(seed=7, steps=200, chunk=5, env_id=PRESETS[algo][1], limit=60):
+        flat.add(call)
+        ours.add(call)
+    return flat, ours
+
+
+def losses_and_grads(learner, batch: dict) -> tuple[dict, list[torch.Tensor]]:
+    torch.manual_seed(0)  # SAC's forward_train samples actions
+    fwd = learner.module.forward_train(batch)
+    losses = learner.compute_losses(fwd_out=fwd, batch=batch)
+    grads = learner.compute_gradients(losses)
+    return (
+        {m: float(v) for m, v in losses.items()},
+        [g.detach().clone() for g in grads.values() if g is not None],
+    )
+
+
+@pytest.mark.parametrize("algo", ["dqn", "sac"])
+def test_same_losses_and_gradients_as_rllibs_learner(algo: str):
+    """RLlib's buffer samples 64 n-step items and its Learner connector batches them;
+    the flat buffer gives the same (step, n) items as columns. RLlib's Learner computes
+    the same losses and gradients from both batches."""
+    config, learner = learner_for(algo, "algo.fast_step.enabled=false")
+    flat, ours = filled(algo, config)
+    episodes = ours.sample(num_items=64, n_step=(2, 5), gamma=config.gamma, beta=0.4)
+    theirs = learner._learner_connector(
+        rl_module=learner.module,
+        batch={},
+        episodes=episodes,
+        shared_data={},
+        metrics=learner.metrics,
+    )[DEFAULT_MODULE_ID]
+    row_of = {flat.arrays["obs"][r].tobytes(): r for r in np.flatnonzero(flat.is_step)}
+    rows = np.array(
+        [row_of[np.asarray(e.get_observations(0), np.float32).tobytes()] for e in episodes]
+    )
+    n = np.array([e.get_extra_model_outputs("n_step")[0] for e in episodes])
+    mine = flat.transitions(rows, n, config.gamma, beta=0.4).columns
+    # RLlib's weights use the steps' priorities of its own buffer: both are new (all
+    # equal), so both are 1.
+    assert set(mine) == set(theirs)
+    for name, column in mine.items():
+        np.testing.assert_allclose(
+            np.asarray(column, np.float64),
+            theirs[name].numpy().astype(np.float64),
+            rtol=1e-5,
+            atol=1e-6,
+        )
+    ours_batch = convert_to_torch_tensor({k: np.asarray(v) for k, v in mine.items()})
+    ours_batch["actions"] = ours_batch["actions"].to(theirs["actions"].dtype)
+    loss_a, grads_a = losses_and_grads(learner, {DEFAULT_MODULE_ID: theirs})
+    loss_b, grads_b = losses_and_grads(learner, {DEFAULT_MODULE_ID: ours_batch})
+    assert loss_a == pytest.approx(loss_b, rel=1e-5)
+    assert len(grads_a) == len(grads_b) > 0
+    for a, b in zip(grads_a, grads_b, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def _weights(learner) -> dict[str, np.ndarray]:
+    return {k: np.asarray(v) for k, v in learner.module[DEFAULT_MODULE_ID].get_state().items()}
+
+
+@pytest.mark.parametrize(("algo", "every"), [("dqn", 2), ("sac", 1)])
+def test_k_minibatches_in_one_call_equal_k_of_rllibs_calls(algo: str, every: int):
+    """Four minibatches in one fast Learner call (each with the env-step count it
+    stands for) leave the module, its target networks included, as four calls of
+    RLlib's Learner do: DQN's target updated every 2 env steps, SAC's Polyak step after
+    every minibatch."""
+    freq = f"algo.training.target_network_update_freq={every}"
+    config, fast = learner_for(algo, freq)
+    _, plain = learner_for(algo, freq, "algo.fast_step.enabled=false")
+    assert type(fast).__name__.startswith("Fast") and not type(plain).__name__.startswith("Fast")
+    plain.set_state(fast.get_state())
+    flat, _ = filled(algo, config)
+    size, k = config.total_train_batch_size, 4
+    drawn = flat.sample(k * size, config.n_step, config.gamma, 0.4)
+    assert drawn is not None
+    at = [10, 11, 12, 13]
+    torch.manual_seed(1)
+    fast.update(
+        batch=MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(drawn.columns)}, k * size),
+        minibatch_size=size,
+        num_epochs=1,
+        timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: at[-1], MINIBATCH_TIMESTEPS: at},
+    )
+    torch.manual_seed(1)
+    for i in range(k):
+        part = {name: c[i * size : (i + 1) * size] for name, c in drawn.columns.items()}
+        plain.update(
+            batch=MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(part)}, size),
+            timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: at[i]},
+        )
+    before = _weights(learner_for(algo, freq)[1])
+    after_fast, after_plain = _weights(fast), _weights(plain)
+    targets = [name for name in after_fast if "target" in name]
+    assert targets
+    for name in after_fast:
+        np.testing.assert_allclose(after_fast[name], after_plain[name], rtol=1e-5, atol=1e-6)
+    assert any(not np.allclose(after_fast[n], before[n]) for n in targets)
+
+
+def test_the_fast_step_is_the_default_and_says_so():
+    """algo=sac env=pendulum and algo=dqn run the fast step, and their first lines say
+    so; a config it cannot run takes RLlib's step with the reason; PPO has no such line."""
+    lines = {}
+    for name, overrides in {
+        "sac": ["algo=sac", "env=pendulum"],
+        "dqn": ["algo=dqn"],
+        "off": ["algo=dqn", "algo.fast_step.enabled=false"],
+        "two_learners": ["algo=dqn", "scaling.num_learners=2", "scaling.num_cpus_per_learner=1"],
+        "buffer": [
+            "algo=dqn",
+            "algo.training.replay_buffer_config.type=MultiAgentEpisodeReplayBuffer",
+        ],
+        "ppo": ["algo=ppo"],
+    }.items():
+        job = prepared(overrides)
+        lines[name] = [
+            x for x in start_lines(job, {}, compose_config(overrides)) if "training step" in x
+        ]
+        if name in ("sac", "dqn"):
+            assert issubclass(job.config.algo_class, FastSAC if name == "sac" else FastDQN)
+        elif name != "ppo":
+            assert not issubclass(job.config.algo_class, FastStep)
+    assert lines["sac"] == lines["dqn"] != []
+    assert "fast off-policy step (8 updates per Learner call" in lines["sac"][0]
+    assert lines["off"] == ["training step: RLlib's own (algo.fast_step.enabled=false)"]
+    assert "scaling.num_learners=2" in lines["two_learners"][0]
+    assert "replay_buffer_config.type=MultiAgentEpisodeReplayBuffer" in lines["buffer"][0]
+    assert lines["ppo"] == []
+
+
+def test_bad_updates_per_call_is_one_line(cli):
+    result = cli("algo=dqn", "algo.fast_step.updates_per_call=0", timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: algo.fast_step.updates_per_call=0: give at least 1 (gradient updates per "
+        "Learner call)"
+    ]
+
+
+@pytest.mark.slow
+def test_checkpoints_restore_across_the_two_steps(tmp_path: Path):
+    """A DQN run on the fast step, resumed on RLlib's step, and that one resumed on the
+    fast step again: each continues the count and trains (its Learner's loss logged)."""
+    first = run_cli(tmp_path, "algo=dqn", "debug=tiny", "stop.iterations=2", run_dir="fast")
+    assert first.returncode == 0, first.stderr
+    assert "fast off-policy step" in first.stdout
+    second = run_cli(
+        tmp_path,
+        f"resume={first.run_dir}",
+        "algo.fast_step.enabled=false",
+        "stop.iterations=3",
+        run_dir="rllib",
+    )
+    assert second.returncode == 0, second.stderr
+    assert "RLlib's own (algo.fast_step.enabled=false)" in second.stdout
+    third = run_cli(
+        tmp_path,
+        f"resume={second.run_dir}",
+        "algo.fast_step.enabled=true",
+        "stop.iterations=4",
+        run_dir="fast_again",
+    )
+    assert third.returncode == 0, third.stderr
+    steps = [first.jsonl("metrics.jsonl")[-1]["env_steps"]]
+    for run, iteration in ((second, 3), (third, 4)):
+        rows = run.jsonl("metrics.jsonl")
+        assert [r["iteration"] for r in rows] == [iteration]
+        assert "learners/default_policy/qf_loss" in rows[0]["metrics"]
+        steps.append(rows[0]["env_steps"])
+    assert steps == sorted(steps) and len(set(steps)) == 3
+    assert json.loads((third.run_dir / "summary.json").read_text())["status"] == "finished"
