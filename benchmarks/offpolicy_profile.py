@@ -1,25 +1,31 @@
-"""Where an off-policy preset's time goes: RLlib's own timers of each phase of DQN's
-training step (SAC runs the same one), read from the run's progress.csv.
+"""Where an off-policy preset's time goes, on RLlib's training step and on the runner's
+fast step (runner/fast_step.py) side by side: RLlib's timers of each phase of the step,
+read from the run's progress.csv.
 
 Each preset trains as a fresh `python -m runner experiment=<preset>` process for
-`--iterations` iterations (no check, no checkpoints). RLlib times every phase of its
-`training_step` (`timers/*`: the mean seconds per call, smoothed over the calls): sampling
-from the env, adding to and sampling from the replay buffer, the Learner's update, the
-priorities' update and the weights' sync to the EnvRunner. The table gives each phase's
-milliseconds per training step and its share of the whole step, and the phases' sum as a
-share of it (RLlib smooths each timer on its own, so the sum strays from 100 % by the
-noise; well under 100 %: the step's own bookkeeping, metrics and checks, takes the rest),
-the medians over the second half of the iterations (after the buffer's warm-up), and the
-run's env steps and gradient updates per second of training. `--readme
+`--iterations` iterations (no check, no checkpoints), once with
+`algo.fast_step.enabled=false` (RLlib's step) and once with the fast step, `--rounds`
+times, the two alternated (the order swapped each round). Both steps time every phase
+(`timers/*`: the mean seconds per call, smoothed over the calls): sampling from the env,
+adding to and sampling from the replay buffer, the Learner's update, the priorities'
+update and the weights' sync to the EnvRunners. RLlib's step makes one gradient update per
+call, the fast one several, so the table gives each phase in milliseconds per gradient
+update (a phase's time per call x calls per iteration / updates per iteration) and its
+share of the step's whole time per update; the phases' sum as a share of it (RLlib smooths
+each timer on its own, so the sum strays from 100 % by the noise; well under 100 %: the
+step's own bookkeeping, metrics and checks, take the rest). Medians over the second half of
+each run's iterations (after the buffer's warm-up), then over the rounds, with the range;
+and the runs' env steps and gradient updates per second of training. `--readme
 docs/benchmarks.md` writes the table into that page's `offpolicy-profile` block.
 
-    python benchmarks/offpolicy_profile.py --iterations 30 --readme docs/benchmarks.md
+    python benchmarks/offpolicy_profile.py --iterations 30 --rounds 3 --readme docs/benchmarks.md
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import json
 import statistics
 import tempfile
 from pathlib import Path
@@ -37,50 +43,83 @@ PHASES = {
     "synch_weights": "weights sync",
 }
 STEP = "training_step"
+STEPS = {"RLlib's": "algo.fast_step.enabled=false", "fast": "algo.fast_step.enabled=true"}
+UPDATE = "ms per update"
 
 
-def profile(work: Path, preset: str, iterations: int) -> dict[str, float]:
-    """One run's phases in ms per training step, with its rates."""
-    run_dir = work / preset
-    summary = training_runs.train(run_dir, [f"experiment={preset}"], iterations, preset)
+def profile(work: Path, preset: str, step: str, iterations: int) -> dict[str, float]:
+    """One run's phases in ms per gradient update, with its rates."""
+    run_dir = work / f"{preset}-{step.replace(chr(39), '')}-{len(list(work.iterdir()))}"
+    summary = training_runs.train(
+        run_dir, [f"experiment={preset}", STEPS[step]], iterations, f"{preset} ({step} step)"
+    )
     with open(run_dir / "progress.csv") as f:
         rows = list(csv.DictReader(f))
     late = rows[len(rows) // 2 :]
+    trained = "learners/__all_modules__/num_module_steps_trained_lifetime"
+    config = json.loads((run_dir / "algorithm_config.json").read_text())
+    batch = config["_train_batch_size_per_learner"]
+    # Updates and training-step calls per iteration, over the second half.
+    updates = (float(late[-1][trained]) - float(rows[len(rows) // 2 - 1][trained])) / batch
+    if updates <= 0:
+        raise SystemExit(
+            f"{preset} ({step} step) made no gradient update in its last {len(late)} "
+            "iteration(s): raise --iterations past the replay buffer's warm-up"
+        )
+    calls = sum(float(r["num_training_step_calls_per_iteration"]) for r in late)
+    per_update = calls / updates
 
     def ms(timer: str) -> float:
         values = [float(r[f"timers/{timer}"]) for r in late if r.get(f"timers/{timer}")]
-        return 1000 * statistics.median(values) if values else 0.0
+        return 1000 * statistics.median(values) * per_update if values else 0.0
 
+    seconds = sum(float(r["time_this_iter_s"]) for r in late)
     return {
+        UPDATE: 1000 * seconds / updates,
         STEP: ms(STEP),
         **{timer: ms(timer) for timer in PHASES},
         "env_steps_per_s": summary["env_steps_per_s"],
         "updates_per_s": training_runs.updates(run_dir) / summary["train_seconds"],
-        "steps_per_iteration": statistics.median(
-            float(r["num_training_step_calls_per_iteration"]) for r in late
-        ),
+        "updates_per_call": 1 / per_update,
     }
 
 
-def table(results: dict[str, dict[str, float]], iterations: int) -> str:
+def spread(values: list[float], digits: int = 2) -> str:
+    """The median, and the range where there is more than one round."""
+    mid = f"{statistics.median(values):,.{digits}f}"
+    return (
+        mid if len(values) == 1 else f"{mid} ({min(values):,.{digits}f}-{max(values):,.{digits}f})"
+    )
+
+
+def table(results: dict[tuple[str, str], list[dict[str, float]]], iterations: int) -> str:
+    rounds = max(len(r) for r in results.values())
     lines = [
-        f"Generated by benchmarks/offpolicy_profile.py ({iterations} iterations per preset; "
-        "RLlib's timers, medians over the second half; ms per training step and share of it).",
+        f"Generated by benchmarks/offpolicy_profile.py ({iterations} iterations per run, "
+        f"{rounds} round(s), the two steps alternated; RLlib's timers, medians over each run's "
+        "second half, then over the rounds (range); ms per gradient update and share of the "
+        "step's time per update).",
         "",
-        "| preset | env steps/s | updates/s | training steps / iteration | training step | "
+        "| preset | step | env steps/s | updates/s | updates / call | ms per update | "
         + " | ".join(PHASES.values())
         + " | phases' sum |",
-        "|---" * (len(PHASES) + 6) + "|",
+        "|---" * (len(PHASES) + 7) + "|",
     ]
-    for preset, r in results.items():
-        step = r[STEP]
-        phases = sum(r[timer] for timer in PHASES)
-        cells = [f"{r[timer]:.2f} ({r[timer] / step:.0%})" for timer in PHASES]
+    for (preset, step), runs in results.items():
+        whole = statistics.median(r[UPDATE] for r in runs)
+        phases = sum(statistics.median(r[t] for r in runs) for t in PHASES)
+        cells = [
+            f"{spread([r[t] for r in runs])} ({statistics.median(r[t] for r in runs) / whole:.0%})"
+            for t in PHASES
+        ]
         lines.append(
-            f"| {PRESETS[preset]} (`experiment={preset}`) | {r['env_steps_per_s']:,.0f} | "
-            f"{r['updates_per_s']:,.0f} | {r['steps_per_iteration']:.0f} | {step:.2f} | "
+            f"| {PRESETS[preset]} (`experiment={preset}`) | {step} | "
+            f"{spread([r['env_steps_per_s'] for r in runs], 0)} | "
+            f"{spread([r['updates_per_s'] for r in runs], 0)} | "
+            f"{statistics.median(r['updates_per_call'] for r in runs):.0f} | "
+            f"{spread([r[UPDATE] for r in runs])} | "
             + " | ".join(cells)
-            + f" | {phases / step:.0%} |"
+            + f" | {phases / whole:.0%} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -88,6 +127,7 @@ def table(results: dict[str, dict[str, float]], iterations: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=1, help="runs per preset and step")
     parser.add_argument("--presets", default=",".join(PRESETS), help=f"of {', '.join(PRESETS)}")
     parser.add_argument(
         "--readme", type=Path, help="write the table into this page's offpolicy-profile block"
@@ -98,8 +138,15 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"error: unknown preset {unknown[0]!r}: pick from {', '.join(PRESETS)}")
     training_runs.check_block(args.readme, "offpolicy-profile")
+    results: dict[tuple[str, str], list[dict[str, float]]] = {
+        (p, step): [] for p in presets for step in STEPS
+    }
     with tempfile.TemporaryDirectory() as tmp:
-        results = {p: profile(Path(tmp), p, args.iterations) for p in presets}
+        for round_ in range(args.rounds):
+            order = list(STEPS) if round_ % 2 == 0 else list(STEPS)[::-1]
+            for preset in presets:
+                for step in order:
+                    results[preset, step].append(profile(Path(tmp), preset, step, args.iterations))
     markdown = table(results, args.iterations)
     print(markdown, end="")
     training_runs.write_block(args.readme, "offpolicy-profile", markdown)
