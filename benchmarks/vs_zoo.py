@@ -65,7 +65,8 @@ PAIRS = {
     ),
     "sac_pendulum": Pair(
         "SAC Pendulum", ("experiment=tuned_sac_pendulum",), ("sac", "Pendulum-v1"), -250, 5,
-        20_000, "rllib/examples/algorithms/sac/pendulum_sac.py (Zoo's sac.yml: 20,000 steps)",
+        20_000, "rllib/examples/algorithms/sac/pendulum_sac.py (Zoo's sac.yml: 20,000 steps; "
+        "the runner's preset takes the Zoo's hyperparameters)",
     ),
     "ppo_acrobot": Pair(
         "PPO Acrobot", ("experiment=tuned_ppo_acrobot",), ("ppo", "Acrobot-v1"), -100, 100,

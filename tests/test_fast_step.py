@@ -38,9 +38,12 @@ def learner_for(algo: str, *overrides: str):
 
 
 def filled(algo: str, config) -> tuple[FlatReplay, PrioritizedEpisodeReplayBuffer]:
+    """The preset's buffer (prioritized or uniform) and RLlib's prioritized one, filled
+    with the same episodes (all at the same priority, RLlib's samples are uniform too)."""
     buffer = config.replay_buffer_config
-    flat = FlatReplay(10_000, alpha=buffer["alpha"], seed=0)
-    ours = PrioritizedEpisodeReplayBuffer(capacity=10_000, alpha=buffer["alpha"])
+    alpha = buffer["alpha"] if buffer["type"].startswith("Prioritized") else None
+    flat = FlatReplay(10_000, alpha=alpha, seed=0)
+    ours = PrioritizedEpisodeReplayBuffer(capacity=10_000, alpha=alpha or 1.0)
     for call in chunks(seed=7, steps=200, chunk=5, env_id=PRESETS[algo][1], limit=60):
         flat.add(call)
         ours.add(call)

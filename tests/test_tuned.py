@@ -68,11 +68,12 @@ def test_settings_reach_rllib_as_the_examples_set_them():
     dqn = prepared(["experiment=tuned_dqn_cartpole"]).config
     assert dqn.n_step == (2, 5) and dqn.epsilon == [[0, 1.0], [25000, 0.02]]
     assert dqn.model_config["fcnet_hiddens"] == [256] and dqn.num_envs_per_env_runner == 1
-    sac = prepared(["experiment=tuned_sac_pendulum"]).config
-    assert (sac.actor_lr, sac.critic_lr, sac.alpha_lr, sac.lr) == (2e-4, 8e-4, 9e-4, None)
-    assert sac.num_steps_sampled_before_learning_starts == 256
-    assert sac.model_config["fcnet_kernel_initializer"] == "xavier_uniform_"
-    assert sac.metrics_num_episodes_for_smoothing == 5
+    sac = prepared(["experiment=tuned_sac_pendulum"]).config  # RL Zoo's, SB3's defaults
+    assert (sac.actor_lr, sac.critic_lr, sac.alpha_lr, sac.lr) == (1e-3, 1e-3, 1e-3, None)
+    assert sac.num_steps_sampled_before_learning_starts == 100 and sac.n_step == 1
+    assert sac.get_rollout_fragment_length() == 1 and sac.total_train_batch_size == 256
+    assert sac.model_config["fusionnet_hiddens"] == [] and sac.metrics_num_episodes_for_smoothing == 5
+    assert sac.replay_buffer_config["type"] == "EpisodeReplayBuffer"
     ppo = prepared(["experiment=tuned_ppo_cartpole"]).config
     assert (ppo.num_env_runners, ppo.num_envs_per_env_runner, ppo.num_learners) == (4, 16, 1)
     assert (ppo.num_epochs, ppo.vf_loss_coeff, ppo.train_batch_size_per_learner) == (6, 0.01, 4000)
