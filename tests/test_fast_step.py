@@ -1,19 +1,17 @@
 """The fast off-policy step (runner/fast_step.py) against RLlib's own: the same losses and
 gradients on the same transitions, the same weights after K minibatches in one Learner
 call as after K of RLlib's calls, the step chosen by default and RLlib's where it cannot
-run (with the reason in the run's first lines), and checkpoints that restore across the
-two. RLlib's Learners, connectors and buffers run for real, from the runner's configs."""
+run (with the reason in the run's first lines). RLlib's Learners, connectors and buffers
+run for real, from the runner's configs. A killed EnvRunner under the fast step, and its
+checkpoints restored on RLlib's step and back: tests/test_faults.py."""
 
 from __future__ import annotations
-
-import json
-from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import compose_config, prepared, run_cli
+from conftest import compose_config, prepared
 from episodes import chunks
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
@@ -183,37 +181,3 @@ def test_bad_updates_per_call_is_one_line(cli):
         "error: algo.fast_step.updates_per_call=0: give at least 1 (gradient updates per "
         "Learner call)"
     ]
-
-
-@pytest.mark.slow
-def test_checkpoints_restore_across_the_two_steps(tmp_path: Path):
-    """A DQN run on the fast step, resumed on RLlib's step, and that one resumed on the
-    fast step again: each continues the count and trains (its Learner's loss logged)."""
-    first = run_cli(tmp_path, "algo=dqn", "debug=tiny", "stop.iterations=2", run_dir="fast")
-    assert first.returncode == 0, first.stderr
-    assert "fast off-policy step" in first.stdout
-    second = run_cli(
-        tmp_path,
-        f"resume={first.run_dir}",
-        "algo.fast_step.enabled=false",
-        "stop.iterations=3",
-        run_dir="rllib",
-    )
-    assert second.returncode == 0, second.stderr
-    assert "RLlib's own (algo.fast_step.enabled=false)" in second.stdout
-    third = run_cli(
-        tmp_path,
-        f"resume={second.run_dir}",
-        "algo.fast_step.enabled=true",
-        "stop.iterations=4",
-        run_dir="fast_again",
-    )
-    assert third.returncode == 0, third.stderr
-    steps = [first.jsonl("metrics.jsonl")[-1]["env_steps"]]
-    for run, iteration in ((second, 3), (third, 4)):
-        rows = run.jsonl("metrics.jsonl")
-        assert [r["iteration"] for r in rows] == [iteration]
-        assert "learners/default_policy/qf_loss" in rows[0]["metrics"]
-        steps.append(rows[0]["env_steps"])
-    assert steps == sorted(steps) and len(set(steps)) == 3
-    assert json.loads((third.run_dir / "summary.json").read_text())["status"] == "finished"

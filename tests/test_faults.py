@@ -400,6 +400,53 @@ def test_killed_env_runner_is_recreated_and_recompiled_from_the_shared_cache(tmp
 
 
 @pytest.mark.slow
+def test_fast_step_survives_a_killed_env_runner_and_restores_across_steps(tmp_path: Path):
+    """DQN on the fast step (runner/fast_step.py) sampling two remote EnvRunners: SIGKILL
+    to one, RLlib recreates it and the run finishes, trained throughout. Its checkpoint
+    resumed on RLlib's step, and that one's on the fast step again: each continues the
+    count and trains."""
+    cli = Cli(
+        tmp_path,
+        "algo=dqn",
+        "debug=tiny",
+        "scaling=runners2",
+        "stop.iterations=6",
+        "hydra.run.dir=fast",
+    )
+    cli.until(
+        "iter    2",
+        lambda: os.kill(_actor_pid(cli.pid, "ray::SingleAgentEnvRunner"), signal.SIGKILL),
+    )
+    code, seconds = cli.wait()
+    assert code == 0, cli.output
+    assert "fast off-policy step" in cli.output
+    run = tmp_path / "fast"
+    summary = _summary(run)
+    assert summary["status"] == "finished" and summary["iterations"] == 6
+    lost, restarted = summary["restarts"]["env_runners"]
+    assert lost["lost"] == 1 and restarted["restarted"] == 1
+    rows = _jsonl(run / "metrics.jsonl")
+    assert all("learners/default_policy/qf_loss" in r["metrics"] for r in rows[1:])
+    record("SIGKILL to 1 of 2 remote EnvRunners (DQN, fast step)", code, seconds, "run finished")
+
+    steps = [rows[-1]["env_steps"]]
+    previous = run
+    for name, enabled, last in (("rllib", "false", 7), ("fast_again", "true", 8)):
+        resumed = run_cli(
+            tmp_path, f"resume={previous}", f"algo.fast_step.enabled={enabled}",
+            f"stop.iterations={last}", run_dir=name,
+        )  # fmt: skip
+        assert resumed.returncode == 0, resumed.stderr
+        assert ("fast off-policy step" in resumed.stdout) == (enabled == "true")
+        more = resumed.jsonl("metrics.jsonl")
+        assert [r["iteration"] for r in more] == [last]
+        assert "learners/default_policy/qf_loss" in more[0]["metrics"]
+        steps.append(more[0]["env_steps"])
+        previous = resumed.run_dir
+    assert steps == sorted(steps) and len(set(steps)) == 3
+
+
+@pytest.mark.slow
 def test_killed_learner_fails_the_run_and_keeps_the_checkpoints(tmp_path: Path):
     cli = Cli(
         tmp_path,

@@ -396,7 +396,8 @@ WAYS: dict[str, Way] = {
         own_ray=True,
     ),
     # docs/benchmarks.md, Off-policy throughput: one preset, two iterations.
-    "python benchmarks/offpolicy_profile.py --iterations 30 --rounds 3 --readme docs/benchmarks.md": Way(
+    "python benchmarks/offpolicy_profile.py --iterations 30 --rounds 3 "
+    "--readme docs/benchmarks.md": Way(
         ("--iterations", "2", "--presets", "tuned_sac_pendulum"),
         expect="refreshed docs/benchmarks.md",
     ),

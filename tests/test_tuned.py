@@ -72,7 +72,9 @@ def test_settings_reach_rllib_as_the_examples_set_them():
     assert (sac.actor_lr, sac.critic_lr, sac.alpha_lr, sac.lr) == (1e-3, 1e-3, 1e-3, None)
     assert sac.num_steps_sampled_before_learning_starts == 100 and sac.n_step == 1
     assert sac.get_rollout_fragment_length() == 1 and sac.total_train_batch_size == 256
-    assert sac.model_config["fusionnet_hiddens"] == [] and sac.metrics_num_episodes_for_smoothing == 5
+    assert (
+        sac.model_config["fusionnet_hiddens"] == [] and sac.metrics_num_episodes_for_smoothing == 5
+    )
     assert sac.replay_buffer_config["type"] == "EpisodeReplayBuffer"
     ppo = prepared(["experiment=tuned_ppo_cartpole"]).config
     assert (ppo.num_env_runners, ppo.num_envs_per_env_runner, ppo.num_learners) == (4, 16, 1)
