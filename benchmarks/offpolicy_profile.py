@@ -5,7 +5,8 @@ read from the run's progress.csv.
 Each preset trains as a fresh `python -m runner experiment=<preset>` process for
 `--iterations` iterations (no check, no checkpoints), once with
 `algo.fast_step.enabled=false` (RLlib's step) and once with the fast step, `--rounds`
-times, the two alternated (the order swapped each round). Both steps time every phase
+times, the two alternated (the order swapped each round); `--steps fast` (or `rllib`)
+runs one. Both steps time every phase
 (`timers/*`: the mean seconds per call, smoothed over the calls): sampling from the env,
 adding to and sampling from the replay buffer, the Learner's update, the priorities'
 update and the weights' sync to the EnvRunners. RLlib's step makes one gradient update per
@@ -43,13 +44,15 @@ PHASES = {
     "synch_weights": "weights sync",
 }
 STEP = "training_step"
-STEPS = {"RLlib's": "algo.fast_step.enabled=false", "fast": "algo.fast_step.enabled=true"}
+# The two training steps: their overrides and their names in the table.
+STEPS = {"rllib": "algo.fast_step.enabled=false", "fast": "algo.fast_step.enabled=true"}
+LABELS = {"rllib": "RLlib's", "fast": "fast"}
 UPDATE = "ms per update"
 
 
 def profile(work: Path, preset: str, step: str, iterations: int) -> dict[str, float]:
     """One run's phases in ms per gradient update, with its rates."""
-    run_dir = work / f"{preset}-{step.replace(chr(39), '')}-{len(list(work.iterdir()))}"
+    run_dir = work / f"{preset}-{step}-{len(list(work.iterdir()))}"
     summary = training_runs.train(
         run_dir, [f"experiment={preset}", STEPS[step]], iterations, f"{preset} ({step} step)"
     )
@@ -113,7 +116,7 @@ def table(results: dict[tuple[str, str], list[dict[str, float]]], iterations: in
             for t in PHASES
         ]
         lines.append(
-            f"| {PRESETS[preset]} (`experiment={preset}`) | {step} | "
+            f"| {PRESETS[preset]} (`experiment={preset}`) | {LABELS[step]} | "
             f"{spread([r['env_steps_per_s'] for r in runs], 0)} | "
             f"{spread([r['updates_per_s'] for r in runs], 0)} | "
             f"{statistics.median(r['updates_per_call'] for r in runs):.0f} | "
@@ -128,6 +131,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=1, help="runs per preset and step")
+    parser.add_argument("--steps", default=",".join(STEPS), help=f"of {', '.join(STEPS)}")
     parser.add_argument("--presets", default=",".join(PRESETS), help=f"of {', '.join(PRESETS)}")
     parser.add_argument(
         "--readme", type=Path, help="write the table into this page's offpolicy-profile block"
@@ -137,13 +141,17 @@ def main() -> None:
     unknown = [p for p in presets if p not in PRESETS]
     if unknown:
         raise SystemExit(f"error: unknown preset {unknown[0]!r}: pick from {', '.join(PRESETS)}")
+    steps = args.steps.split(",")
+    wrong = [s for s in steps if s not in STEPS]
+    if wrong:
+        raise SystemExit(f"error: unknown step {wrong[0]!r}: pick from {', '.join(STEPS)}")
     training_runs.check_block(args.readme, "offpolicy-profile")
     results: dict[tuple[str, str], list[dict[str, float]]] = {
-        (p, step): [] for p in presets for step in STEPS
+        (p, step): [] for p in presets for step in steps
     }
     with tempfile.TemporaryDirectory() as tmp:
         for round_ in range(args.rounds):
-            order = list(STEPS) if round_ % 2 == 0 else list(STEPS)[::-1]
+            order = steps if round_ % 2 == 0 else steps[::-1]
             for preset in presets:
                 for step in order:
                     results[preset, step].append(profile(Path(tmp), preset, step, args.iterations))

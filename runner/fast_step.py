@@ -253,8 +253,6 @@ def unsupported(config: AlgorithmConfig) -> str | None:
         or not config.add_default_connectors_to_learner_pipeline
     ):
         return "the Learner connector pipeline is the user's, which the fast step does not run"
-    if config._env_to_module_connector is not None:
-        return "the env-to-module connector is the user's; the flat buffer stores raw observations"
     return None
 
 

@@ -407,6 +407,11 @@ BENCHMARK_CASES = {
         1,
         "error: unknown preset 'tuned_dqn_cartpol'",
     ),
+    "an unknown training step": (
+        ["offpolicy_profile.py", "--steps", "slow"],
+        1,
+        "error: unknown step 'slow': pick from rllib, fast",
+    ),
 }
 
 

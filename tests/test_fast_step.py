@@ -157,13 +157,24 @@ def test_the_fast_step_is_the_default_and_says_so():
             "algo.training.replay_buffer_config.type=MultiAgentEpisodeReplayBuffer",
         ],
         "ppo": ["algo=ppo"],
+        "mean_std": [
+            "algo=sac",
+            "env=pendulum",
+            "+algo.env_runners.env_to_module_connector="
+            "{_target_:ray.rllib.connectors.env_to_module.MeanStdFilter}",
+        ],
+        "own_learner_connector": [
+            "algo=dqn",
+            "+algo.training.learner_connector="
+            "{_target_:ray.rllib.connectors.learner.AddInfosFromEpisodesToTrainBatch}",
+        ],
     }.items():
         job = prepared(overrides)
         lines[name] = [
             x for x in start_lines(job, {}, compose_config(overrides)) if "training step" in x
         ]
-        if name in ("sac", "dqn"):
-            assert issubclass(job.config.algo_class, FastSAC if name == "sac" else FastDQN)
+        if name in ("sac", "dqn", "mean_std"):
+            assert issubclass(job.config.algo_class, FastDQN if name == "dqn" else FastSAC)
         elif name != "ppo":
             assert not issubclass(job.config.algo_class, FastStep)
     assert lines["sac"] == lines["dqn"] != []
@@ -172,6 +183,8 @@ def test_the_fast_step_is_the_default_and_says_so():
     assert "scaling.num_learners=2" in lines["two_learners"][0]
     assert "replay_buffer_config.type=MultiAgentEpisodeReplayBuffer" in lines["buffer"][0]
     assert lines["ppo"] == []
+    assert lines["mean_std"] == lines["sac"]  # the Learner reads the stored observations
+    assert "the Learner connector pipeline is the user's" in lines["own_learner_connector"][0]
 
 
 def test_bad_updates_per_call_is_one_line(cli):

@@ -395,10 +395,10 @@ WAYS: dict[str, Way] = {
         expect="refreshed docs/benchmarks.md",
         own_ray=True,
     ),
-    # docs/benchmarks.md, Off-policy throughput: one preset, two iterations.
+    # docs/benchmarks.md, Off-policy throughput: one preset on one step, two iterations.
     "python benchmarks/offpolicy_profile.py --iterations 30 --rounds 3 "
     "--readme docs/benchmarks.md": Way(
-        ("--iterations", "2", "--presets", "tuned_sac_pendulum"),
+        ("--iterations", "2", "--presets", "tuned_sac_pendulum", "--steps", "fast"),
         expect="refreshed docs/benchmarks.md",
     ),
     # docs/benchmarks.md, Runner overhead
