@@ -274,9 +274,9 @@ def describe(config: AlgorithmConfig, settings: FastStepConfig) -> str | None:
             "updates per Learner call on a flat replay buffer; algo.fast_step.enabled=false: "
             "RLlib's own)"
         )
+    if config.algo_class not in FAST:
+        return None
     if not settings.enabled:
         return "training step: RLlib's own (algo.fast_step.enabled=false)"
     reason = unsupported(config)
-    if reason is None or reason.endswith("is not DQN or SAC"):
-        return None
     return f"training step: RLlib's own, as the fast step cannot run this config: {reason}"

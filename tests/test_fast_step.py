@@ -157,6 +157,7 @@ def test_the_fast_step_is_the_default_and_says_so():
             "algo.training.replay_buffer_config.type=MultiAgentEpisodeReplayBuffer",
         ],
         "ppo": ["algo=ppo"],
+        "ppo_off": ["algo=ppo", "algo.fast_step.enabled=false"],
         "mean_std": [
             "algo=sac",
             "env=pendulum",
@@ -175,14 +176,14 @@ def test_the_fast_step_is_the_default_and_says_so():
         ]
         if name in ("sac", "dqn", "mean_std"):
             assert issubclass(job.config.algo_class, FastDQN if name == "dqn" else FastSAC)
-        elif name != "ppo":
+        elif not name.startswith("ppo"):
             assert not issubclass(job.config.algo_class, FastStep)
     assert lines["sac"] == lines["dqn"] != []
     assert "fast off-policy step (8 updates per Learner call" in lines["sac"][0]
     assert lines["off"] == ["training step: RLlib's own (algo.fast_step.enabled=false)"]
     assert "scaling.num_learners=2" in lines["two_learners"][0]
     assert "replay_buffer_config.type=MultiAgentEpisodeReplayBuffer" in lines["buffer"][0]
-    assert lines["ppo"] == []
+    assert lines["ppo"] == lines["ppo_off"] == []
     assert lines["mean_std"] == lines["sac"]  # the Learner reads the stored observations
     assert "the Learner connector pipeline is the user's" in lines["own_learner_connector"][0]
 
