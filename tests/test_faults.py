@@ -128,6 +128,13 @@ def _actor_pid(root: int, name: str) -> int:
     raise AssertionError(f"no {name} process under {root}")
 
 
+def _kill_an_env_runner(cli: Cli, at: str = "iter    2") -> tuple[int, float]:
+    """SIGKILL to one remote EnvRunner once the run prints `at`; its exit code and the
+    seconds from the kill to the exit."""
+    cli.until(at, lambda: os.kill(_actor_pid(cli.pid, "ray::SingleAgentEnvRunner"), signal.SIGKILL))
+    return cli.wait()
+
+
 @pytest.mark.slow
 def test_sigterm_keeps_the_last_iteration_and_resume_continues(tmp_path: Path, capsys):
     """Kubernetes' preemption: SIGTERM mid-run, with a remote EnvRunner."""
@@ -363,11 +370,7 @@ def test_killed_env_runner_is_recreated_and_recompiled_from_the_shared_cache(tmp
         "checkpoint.keep_best=1",
         "hydra.run.dir=run",
     )
-    cli.until(
-        "iter    2",
-        lambda: os.kill(_actor_pid(cli.pid, "ray::SingleAgentEnvRunner"), signal.SIGKILL),
-    )
-    code, seconds = cli.wait()
+    code, seconds = _kill_an_env_runner(cli)
     assert code == 0, cli.output
     run = tmp_path / "run"
     summary = _summary(run)
@@ -413,11 +416,7 @@ def test_fast_step_survives_a_killed_env_runner_and_restores_across_steps(tmp_pa
         "stop.iterations=6",
         "hydra.run.dir=fast",
     )
-    cli.until(
-        "iter    2",
-        lambda: os.kill(_actor_pid(cli.pid, "ray::SingleAgentEnvRunner"), signal.SIGKILL),
-    )
-    code, seconds = cli.wait()
+    code, seconds = _kill_an_env_runner(cli)
     assert code == 0, cli.output
     assert "fast off-policy step" in cli.output
     run = tmp_path / "fast"
