@@ -73,8 +73,8 @@ PAIRS = {
         1_000_000, "gymnasium's Acrobot-v1 reward_threshold; Zoo's ppo.yml budget",
     ),
     "dqn_acrobot": Pair(
-        # The Zoo's dqn.yml values (conf/tuned/dqn_acrobot.yaml), one env as the Zoo's.
-        "DQN Acrobot", ("algo=dqn", "env=acrobot", "scaling.num_envs_per_env_runner=1"),
+        # The Zoo's dqn.yml values at its replay ratio (conf/tuned/dqn_acrobot.yaml).
+        "DQN Acrobot", ("algo=dqn", "env=acrobot"),
         ("dqn", "Acrobot-v1"), -100, 100, 100_000,
         "gymnasium's Acrobot-v1 reward_threshold; Zoo's dqn.yml budget",
     ),

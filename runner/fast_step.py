@@ -30,21 +30,26 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+import torch
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.algorithms.dqn.dqn import DQN, calculate_rr_weights
 from ray.rllib.algorithms.dqn.torch.dqn_torch_learner import DQNTorchLearner
 from ray.rllib.algorithms.sac.sac import SAC
 from ray.rllib.algorithms.sac.torch.sac_torch_learner import SACTorchLearner
 from ray.rllib.core import DEFAULT_MODULE_ID
+from ray.rllib.core.learner.torch.torch_learner import TorchLearner
+from ray.rllib.core.rl_module.apis import TargetNetworkAPI
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from ray.rllib.utils.metrics import (
     ALL_MODULES,
     ENV_RUNNER_RESULTS,
     ENV_RUNNER_SAMPLING_TIMER,
+    LAST_TARGET_UPDATE_TS,
     LEARNER_RESULTS,
     LEARNER_UPDATE_TIMER,
     NUM_AGENT_STEPS_SAMPLED_LIFETIME,
     NUM_ENV_STEPS_SAMPLED_LIFETIME,
+    NUM_TARGET_UPDATES,
     REPLAY_BUFFER_ADD_DATA_TIMER,
     REPLAY_BUFFER_SAMPLE_TIMER,
     REPLAY_BUFFER_UPDATE_PRIOS_TIMER,
@@ -65,37 +70,113 @@ UPDATES_PER_CALL = "runner_updates_per_call"
 BUFFERS = {"EpisodeReplayBuffer": False, "PrioritizedEpisodeReplayBuffer": True}
 
 
-class PerMinibatchUpdates:
-    """Learner mixin: what RLlib does after each Learner call (target network updates,
-    learning-rate schedules) done after each minibatch's gradient step instead, at that
-    minibatch's env-step count; RLlib's DQNLearner does it once per call."""
+class FastUpdates:
+    """Learner mixin: RLlib's update, its bookkeeping made cheap without changing a result.
+
+    - What RLlib does after each Learner call (target network updates, learning-rate
+      schedules) is done after each minibatch's gradient step instead, at that
+      minibatch's env-step count; RLlib's DQNLearner does it once per call.
+    - The target networks' Polyak step is one fused lerp.
+    - Adam runs fused (one kernel over all parameters, the same arithmetic); RLlib's
+      runs one parameter at a time on the CPU.
+    - The gradients' finiteness is one check over all of them; RLlib's checks each
+      gradient twice. Where one is not finite, or RLlib's gradient scalers or schedulers
+      are in use, RLlib's own `apply_gradients` runs (its warnings, its zeroing).
+    """
 
     _minibatch_timesteps: Iterator[int] | None = None
+    _params: Any
+    _named_optimizers: dict[str, torch.optim.Optimizer]
+    _grad_scalers: Any
+    _lr_scheduler_classes: Any
+    config: Any
+    module: Any
+    metrics: Any
+    last_update_ts_by_mid: Any
+
+    def register_optimizer(self, *, optimizer: torch.optim.Optimizer, **kwargs: Any) -> None:
+        if type(optimizer) is torch.optim.Adam and not optimizer.state:
+            group = optimizer.param_groups[0]
+            settings = {k: v for k, v in optimizer.defaults.items() if k not in _ADAM_PATHS}
+            optimizer = torch.optim.Adam(group["params"], **settings, fused=True)
+        super().register_optimizer(optimizer=optimizer, **kwargs)  # type: ignore[misc]  # a mixin: the Learner comes next in the MRO
 
     def before_gradient_based_update(self, *, timesteps: dict[str, Any]) -> None:
-        super().before_gradient_based_update(timesteps=timesteps)  # type: ignore[misc]  # a mixin: the Learner comes next in the MRO
+        super().before_gradient_based_update(timesteps=timesteps)  # type: ignore[misc]  # as above
         given = timesteps.get(MINIBATCH_TIMESTEPS)
         self._minibatch_timesteps = None if given is None else iter(given)
 
     def apply_gradients(self, gradients_dict: dict[Any, Any]) -> None:
-        super().apply_gradients(gradients_dict)  # type: ignore[misc]  # as above
+        if self._finite_without_extras(gradients_dict):
+            for optimizer in self._named_optimizers.values():
+                optimizer.step()
+        else:
+            super().apply_gradients(gradients_dict)  # type: ignore[misc]  # as above
         if self._minibatch_timesteps is not None:
-            at = next(self._minibatch_timesteps)
-            super().after_gradient_based_update(  # type: ignore[misc]  # as above
-                timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: at}
-            )
+            self._after_minibatch(next(self._minibatch_timesteps))
+
+    def _after_minibatch(self, at: int) -> None:
+        """RLlib's DQNLearner.after_gradient_based_update at `at` env steps (the learning
+        rates' schedules, then the target networks every `target_network_update_freq`
+        env steps), its Polyak step one fused lerp over all the target tensors where
+        RLlib's builds and loads a state dict per network."""
+        TorchLearner.after_gradient_based_update(
+            self,  # type: ignore[arg-type]  # a mixin, always of a TorchLearner
+            timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: at},
+        )
+        for module_id, module in self.module._rl_modules.items():
+            config = self.config.get_config_for_module(module_id)
+            net = module.unwrapped()
+            since = at - self.last_update_ts_by_mid[module_id]
+            if since < config.target_network_update_freq or not isinstance(net, TargetNetworkAPI):
+                continue
+            targets, mains = [], []
+            for main, target in net.get_target_network_pairs():
+                targets += [*target.parameters(), *target.buffers()]
+                mains += [*main.parameters(), *main.buffers()]
+            with torch.no_grad():
+                torch._foreach_lerp_(targets, mains, config.tau)
+            self.metrics.log_value((module_id, NUM_TARGET_UPDATES), 1, reduce="lifetime_sum")
+            self.last_update_ts_by_mid[module_id] = at
+            self.metrics.log_value((module_id, LAST_TARGET_UPDATE_TS), at, reduce="max")
+
+    def _finite_without_extras(self, gradients: dict[Any, Any]) -> bool:
+        """Whether RLlib's `apply_gradients` would just step every optimizer: no scaler,
+        no scheduler, each gradient the parameter's own and finite (or NaN allowed)."""
+        if self._grad_scalers is not None or self._lr_scheduler_classes is not None:
+            return False
+        if any(self._params[pid].grad is not grad for pid, grad in gradients.items()):
+            return False
+        if self.config.torch_skip_nan_gradients:
+            return True
+        grads = [g for g in gradients.values() if g is not None]
+        return bool(torch.stack(torch._foreach_norm(grads)).isfinite().all()) if grads else True
 
     def after_gradient_based_update(self, *, timesteps: dict[str, Any]) -> None:
         if self._minibatch_timesteps is None:
             super().after_gradient_based_update(timesteps=timesteps)  # type: ignore[misc]  # as above
 
 
-class FastDQNLearner(PerMinibatchUpdates, DQNTorchLearner):
-    """RLlib's DQN Learner, its target updates per minibatch."""
+# Adam's settings that choose its implementation, not its arithmetic.
+_ADAM_PATHS = {"foreach", "fused", "capturable", "differentiable"}
 
 
-class FastSACLearner(PerMinibatchUpdates, SACTorchLearner):  # type: ignore[misc]  # RLlib's SACLearner and TorchLearner type remove_module apart
-    """RLlib's SAC Learner, its target updates per minibatch."""
+class FastDQNLearner(FastUpdates, DQNTorchLearner):
+    """RLlib's DQN Learner with FastUpdates."""
+
+
+class FastSACLearner(FastUpdates, SACTorchLearner):  # type: ignore[misc]  # RLlib's SACLearner and TorchLearner type remove_module apart
+    """RLlib's SAC Learner with FastUpdates, its gradients from one backward pass.
+
+    RLlib's SAC Learner runs one backward pass per optimizer (Q, twin Q, policy,
+    temperature) through the shared graph. Each loss reaches only its own optimizer's
+    parameters (the targets, the policy's Q values and the temperature's log-probs are
+    detached, and the Q networks' parameters are frozen for the policy's Q values), so
+    one backward pass of their sum gives every parameter the same gradient."""
+
+    def compute_gradients(self, loss_per_module: dict[Any, Any], **kwargs: Any) -> Any:
+        self._temp_losses.clear()  # the per-optimizer losses RLlib's passes would take
+        return TorchLearner.compute_gradients(self, loss_per_module, **kwargs)
 
 
 def env_steps_per_update(config: AlgorithmConfig) -> float:

@@ -13,6 +13,8 @@ import pytest
 import torch
 from conftest import compose_config, prepared
 from episodes import chunks
+from ray.rllib.algorithms.sac.torch.default_sac_torch_rl_module import DefaultSACTorchRLModule
+from ray.rllib.algorithms.sac.torch.sac_torch_learner import SACTorchLearner
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED_LIFETIME
@@ -143,6 +145,75 @@ def test_k_minibatches_in_one_call_equal_k_of_rllibs_calls(algo: str, every: int
     assert any(not np.allclose(after_fast[n], before[n]) for n in targets)
 
 
+def _linears(net: torch.nn.Module) -> list[tuple[int, int]]:
+    return [tuple(m.weight.shape) for m in net.modules() if isinstance(m, torch.nn.Linear)]
+
+
+def test_the_sac_preset_has_sb3s_networks_and_rllibs_forward_and_gradients():
+    """The SAC preset's module (runner/sac_module.py) has SB3's networks: each Q
+    [obs, action] 4->256->256->1, the policy 3->256->256->2. Its training forward pass
+    and the fast Learner's one backward pass give the same outputs, losses and gradients
+    as RLlib's forward pass (run on the same module) and RLlib's SAC Learner's backward
+    pass per optimizer."""
+    _, learner = learner_for("sac")
+    module = learner.module[DEFAULT_MODULE_ID]
+    assert _linears(module.qf_encoder) + _linears(module.qf) == [(256, 4), (256, 256), (1, 256)]
+    assert _linears(module.pi_encoder) + _linears(module.pi) == [(256, 3), (256, 256), (2, 256)]
+    rng = np.random.default_rng(0)
+    batch = convert_to_torch_tensor(
+        {
+            "obs": rng.normal(size=(64, 3)).astype(np.float32),
+            "new_obs": rng.normal(size=(64, 3)).astype(np.float32),
+            "actions": rng.uniform(-2, 2, size=(64, 1)).astype(np.float32),
+            "rewards": rng.normal(size=64).astype(np.float32),
+            "terminateds": rng.random(64) < 0.1,
+            "n_step": np.ones(64, np.float32),
+            "weights": np.ones(64, np.float32),
+        }
+    )
+
+    def run(forward, backward) -> tuple[dict, dict, list[torch.Tensor]]:
+        torch.manual_seed(0)
+        out = forward(batch)
+        losses = learner.compute_losses(
+            fwd_out={DEFAULT_MODULE_ID: out}, batch={DEFAULT_MODULE_ID: batch}
+        )
+        grads = backward(learner, losses)
+        return out, losses, [g.detach().clone() for g in grads.values() if g is not None]
+
+    rllib = run(
+        lambda b: DefaultSACTorchRLModule._forward_train_continuous(module, b),
+        SACTorchLearner.compute_gradients,
+    )
+    lean = run(module._forward_train_continuous, type(learner).compute_gradients)
+    assert type(module).__name__ == "SB3QSAC" and type(learner).__name__ == "FastSACLearner"
+    assert set(rllib[0]) == set(lean[0])
+    for key, value in rllib[0].items():
+        torch.testing.assert_close(lean[0][key], value, msg=key)
+    assert float(rllib[1][DEFAULT_MODULE_ID]) == pytest.approx(float(lean[1][DEFAULT_MODULE_ID]))
+    assert len(rllib[2]) == len(lean[2]) == len(learner._params)
+    for a, b in zip(rllib[2], lean[2], strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_a_non_finite_gradient_takes_rllibs_own_path():
+    """The fast Learner's one finiteness check hands a NaN gradient to RLlib's
+    apply_gradients, which zeroes it before the (fused) Adam step: the weights stay
+    finite. Without that hand-over, fused Adam would write NaN into them."""
+    config, learner = learner_for("dqn")
+    assert all(o.defaults["fused"] for o in learner._named_optimizers.values())
+    flat, _ = filled("dqn", config)
+    drawn = flat.sample(32, config.n_step, config.gamma, 0.4)
+    batch = {DEFAULT_MODULE_ID: convert_to_torch_tensor(dict(drawn.columns))}
+    grads = learner.compute_gradients(
+        learner.compute_losses(fwd_out=learner.module.forward_train(batch), batch=batch)
+    )
+    first = next(iter(grads))
+    grads[first].fill_(float("nan"))
+    learner.apply_gradients(grads)
+    assert all(torch.isfinite(p).all() for p in learner._params.values())
+
+
 def test_the_fast_step_is_the_default_and_says_so():
     """algo=sac env=pendulum and algo=dqn run the fast step, and their first lines say
     so; a config it cannot run takes RLlib's step with the reason; PPO has no such line."""
@@ -178,8 +249,8 @@ def test_the_fast_step_is_the_default_and_says_so():
             assert issubclass(job.config.algo_class, FastDQN if name == "dqn" else FastSAC)
         elif not name.startswith("ppo"):
             assert not issubclass(job.config.algo_class, FastStep)
-    assert lines["sac"] == lines["dqn"] != []
-    assert "fast off-policy step (8 updates per Learner call" in lines["sac"][0]
+    assert "fast off-policy step (16 updates per Learner call" in lines["sac"][0]  # its preset's
+    assert "fast off-policy step (8 updates per Learner call" in lines["dqn"][0]
     assert lines["off"] == ["training step: RLlib's own (algo.fast_step.enabled=false)"]
     assert "scaling.num_learners=2" in lines["two_learners"][0]
     assert "replay_buffer_config.type=MultiAgentEpisodeReplayBuffer" in lines["buffer"][0]

@@ -62,6 +62,7 @@ LAYERS = [
     {
         "envs",
         "masking",
+        "sac_module",
         "compile",
         "compile.settings",
         "compile.onnxrt",

@@ -26,6 +26,7 @@ TUNED = {
     "tuned_ppo_multi_agent_cartpole": (900, 400_000),
     "tuned_appo_pong": (18, 10_000_000),
     "tuned_ppo_acrobot": (-91.7, 1_000_000),
+    "tuned_dqn_acrobot": (-88.4, 100_000),
     "tuned_ppo_mountaincar": (-129.9, 1_000_000),
     "tuned_ppo_lunarlander": (210.3, 1_000_000),
     # No source states one: the threshold is a random policy's return, measured by the run.
@@ -88,7 +89,7 @@ def test_settings_reach_rllib_as_the_examples_set_them():
 
 
 # conf/tuned/<algo>_<env>.yaml: the experiment whose hyperparameters it holds.
-TUNED_FILES: dict[str, str | None] = {
+TUNED_FILES = {
     "dqn_cartpole": "tuned_dqn_cartpole",
     "sac_pendulum": "tuned_sac_pendulum",
     "ppo_pendulum": "tuned_ppo_pendulum",
@@ -96,8 +97,7 @@ TUNED_FILES: dict[str, str | None] = {
     "impala_cartpole": "tuned_impala_cartpole",
     "ppo_multi_agent_cartpole": "tuned_ppo_multi_agent_cartpole",
     "ppo_acrobot": "tuned_ppo_acrobot",
-    # No preset: the hyperparameters alone (docs/tuned.md, "Removed presets").
-    "dqn_acrobot": None,
+    "dqn_acrobot": "tuned_dqn_acrobot",
     "ppo_mountaincar": "tuned_ppo_mountaincar",
     "ppo_lunarlander": "tuned_ppo_lunarlander",
     "ppo_simple_spread": "tuned_ppo_simple_spread",
@@ -135,9 +135,6 @@ def test_an_algo_and_env_pair_gets_its_tuned_file_and_the_experiment_adds_scale_
     assert _within(written, composed)
     assert plain.warnings == [] or all(pair not in w for w in plain.warnings)
     name = TUNED_FILES[pair]
-    if name is None:  # no preset states a criterion for it
-        assert not (Path(CONFIG_DIR) / "experiment" / f"tuned_{pair}.yaml").exists()
-        return
     experiment = prepared([f"experiment={name}"])
     assert experiment.settings.tuned == plain.settings.tuned
     if pair in CRITERION_ELSEWHERE:  # the experiment's comment names both
