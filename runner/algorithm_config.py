@@ -35,6 +35,7 @@ from runner.masking import (
     is_masked,
     log_game,
 )
+from runner.reward_scaling import choose as choose_reward_scaling
 from runner.schema import (
     AlgoConfig,
     EnvConfig,
@@ -366,6 +367,7 @@ def build_algorithm_config(settings: RunnerConfig, spec: CompileSpec | None) -> 
     _call(
         config.debugging, "seed", {"seed": settings.seed, "log_level": settings.ray.log_level.value}
     )
+    choose_reward_scaling(config, algo.reward_scaling)
     choose_training_step(config, algo.fast_step)
     add_to_config(config, spec)
     return config

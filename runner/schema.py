@@ -178,6 +178,19 @@ class FastStepConfig:
 
 
 @dataclass
+class RewardScalingConfig:
+    """PPO's rewards scaled as Stable-Baselines3's VecNormalize scales them
+    (runner/reward_scaling.py): divided by the running standard deviation of each env's
+    discounted return and clipped, for the Learner only; the statistics are checkpointed."""
+
+    enabled: bool = False
+    # The discount of the running returns (null: the algorithm's gamma, as RL Zoo sets it).
+    gamma: float | None = None
+    clip: float = 10.0
+    epsilon: float = 1e-8
+
+
+@dataclass
 class AlgoConfig:
     """An RLlib algorithm; each dict is passed as keyword arguments to its builder method."""
 
@@ -198,6 +211,7 @@ class AlgoConfig:
     callbacks: dict[str, Any] = field(default_factory=dict)
     multi_agent: dict[str, Any] = field(default_factory=dict)
     fast_step: FastStepConfig = field(default_factory=FastStepConfig)
+    reward_scaling: RewardScalingConfig = field(default_factory=RewardScalingConfig)
 
 
 @dataclass

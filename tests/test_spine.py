@@ -63,6 +63,7 @@ LAYERS = [
         "envs",
         "masking",
         "sac_module",
+        "reward_scaling",
         "compile",
         "compile.settings",
         "compile.onnxrt",

@@ -1,0 +1,104 @@
+"""PPO's reward scaling (runner/reward_scaling.py) against Stable-Baselines3's own
+running statistics, and in a real PPO run: the Learner trains on scaled rewards, the
+metrics stay the env's, the statistics go into the checkpoint and a resumed run goes on
+from them."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import prepared, run_cli
+from episodes import chunks
+from stable_baselines3.common.running_mean_std import RunningMeanStd
+
+from runner.reward_scaling import STATE_KEY, RewardScalingPPOLearner, ScaleRewards
+
+GAMMA = 0.9
+
+
+def test_scaled_rewards_are_vecnormalizes():
+    """Episode chunks as EnvRunners send them, train batch after train batch, through
+    ScaleRewards; beside it SB3's RunningMeanStd takes each batch's discounted returns,
+    computed here over each whole episode (not chunk by chunk), and scales and clips the
+    rewards as VecNormalize does. Both give the same rewards."""
+    calls = chunks(seed=3, steps=120, chunk=5, env_id="Pendulum-v1", limit=12)
+    piece = ScaleRewards(gamma=GAMMA, clip=1.5)
+    reference = RunningMeanStd(shape=())
+    so_far: dict[str, list[float]] = defaultdict(list)  # each episode's rewards up to now
+    clipped = 0
+    for call in calls:
+        raw = [np.asarray(e.get_rewards(), np.float64) for e in call]
+        returns = []
+        for episode, rewards in zip(call, raw, strict=True):
+            assert len(so_far[episode.id_]) == episode.t_started  # chunks come in order
+            so_far[episode.id_] += list(rewards)
+            whole = np.array(so_far[episode.id_])
+            discounted = [
+                sum(GAMMA ** (t - k) * whole[k] for k in range(t + 1)) for t in range(len(whole))
+            ]
+            returns += discounted[episode.t_started :]
+        reference.update(np.array(returns))
+        scale = np.sqrt(reference.var + 1e-8)
+        mine = copy.deepcopy(call)
+        piece(rl_module=None, batch={}, episodes=mine)
+        for episode, rewards in zip(mine, raw, strict=True):
+            expected = np.clip(rewards / scale, -1.5, 1.5)
+            np.testing.assert_allclose(episode.get_rewards(), expected, rtol=1e-5, atol=1e-6)
+            clipped += int(np.sum(np.abs(rewards / scale) > 1.5))
+    assert reference.var != pytest.approx(1.0) and clipped > 0  # both paths exercised
+    assert piece.get_state() == pytest.approx(
+        {"mean": reference.mean, "var": reference.var, "count": reference.count}
+    )
+    assert not piece.running.keys() - {e.id_ for e in calls[-1]}  # only unfinished ones kept
+
+
+def test_ppo_gets_the_learner_and_other_algorithms_one_line(cli):
+    config = prepared(["algo=ppo", "algo.reward_scaling.enabled=true"]).config
+    assert config.learner_class is RewardScalingPPOLearner
+    assert config.learner_config_dict["runner_reward_scaling"]["gamma"] == config.gamma
+    assert prepared(["algo=ppo"]).config.learner_class is not RewardScalingPPOLearner
+    result = cli("algo=dqn", "algo.reward_scaling.enabled=true", timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: algo.reward_scaling.enabled=true: it scales PPO's rewards, not DQN's; drop it "
+        "for this run"
+    ]
+
+
+def _statistics(run: Path) -> dict[str, float]:
+    [newest] = sorted((run / "checkpoints").glob("iter_*"))[-1:]
+    state = pickle.loads((newest / "learner_group" / "learner" / "state.pkl").read_bytes())
+    return state[STATE_KEY]
+
+
+def test_a_ppo_run_scales_its_rewards_and_resumes_its_statistics(tmp_path: Path):
+    """A tiny PPO run on Pendulum with reward scaling: its returns are the env's (no
+    scaled return reaches Pendulum's), the checkpoint holds the statistics, and a run
+    resumed from it goes on counting from them."""
+    first = run_cli(
+        tmp_path,
+        "algo=ppo",
+        "env=pendulum",
+        "debug=tiny",
+        "stop.iterations=2",
+        "algo.reward_scaling.enabled=true",
+        "checkpoint.every=1",
+    )
+    assert first.returncode == 0, first.stderr
+    metrics = first.jsonl("metrics.jsonl")[-1]["metrics"]
+    # Pendulum's rewards are -16.3 to 0 a step; its 200-step episodes return far below
+    # any scaled one (clipped at 10 a step, the scale grows past 1 at once).
+    assert metrics["env_runners/episode_return_mean"] < -200
+    saved = _statistics(first.run_dir)
+    steps = first.jsonl("metrics.jsonl")[-1]["env_steps"]
+    assert saved["count"] == pytest.approx(steps + 1e-4) and saved["var"] > 1
+    resumed = run_cli(tmp_path, f"resume={first.run_dir}", "stop.iterations=3", run_dir="second")
+    assert resumed.returncode == 0, resumed.stderr
+    after = _statistics(resumed.run_dir)
+    assert after["count"] == pytest.approx(resumed.jsonl("metrics.jsonl")[-1]["env_steps"] + 1e-4)
+    assert after["count"] > saved["count"]
