@@ -95,7 +95,8 @@ class FastUpdates:
     last_update_ts_by_mid: Any
 
     def register_optimizer(self, *, optimizer: torch.optim.Optimizer, **kwargs: Any) -> None:
-        if type(optimizer) is torch.optim.Adam and not optimizer.state:
+        one_group = len(optimizer.param_groups) == 1
+        if type(optimizer) is torch.optim.Adam and one_group and not optimizer.state:
             group = optimizer.param_groups[0]
             settings = {k: v for k, v in optimizer.defaults.items() if k not in _ADAM_PATHS}
             optimizer = torch.optim.Adam(group["params"], **settings, fused=True)

@@ -17,6 +17,15 @@ import runner
 from runner.errors import RunnerError, one_line
 
 CASES = {
+    "no gradient update per Learner call": (
+        ["algo=dqn", "algo.fast_step.updates_per_call=0"],
+        "algo.fast_step.updates_per_call=0: give at least 1 (gradient updates per Learner call)",
+    ),
+    "reward scaling for an algorithm other than PPO": (
+        ["algo=dqn", "algo.reward_scaling.enabled=true"],
+        "algo.reward_scaling.enabled=true: it scales PPO's rewards, not DQN's; drop it for "
+        "this run",
+    ),
     "misspelled key": (["scaling.num_env_runnrs=1"], "did you mean num_env_runners"),
     # Added with '+', a key no setting reads (OmegaConf drops it when it types the config).
     "misspelled key added": (

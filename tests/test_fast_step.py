@@ -257,12 +257,3 @@ def test_the_fast_step_is_the_default_and_says_so():
     assert lines["ppo"] == lines["ppo_off"] == []
     assert lines["mean_std"] == lines["sac"]  # the Learner reads the stored observations
     assert "the Learner connector pipeline is the user's" in lines["own_learner_connector"][0]
-
-
-def test_bad_updates_per_call_is_one_line(cli):
-    result = cli("algo=dqn", "algo.fast_step.updates_per_call=0", timeout=60)
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [
-        "error: algo.fast_step.updates_per_call=0: give at least 1 (gradient updates per "
-        "Learner call)"
-    ]
