@@ -54,6 +54,7 @@ from runner.results.files import (
     write_json,
 )
 from runner.resume import SEARCH_DIR, compose_for_resume
+from runner.reward_scaling import describe as describe_rewards
 from runner.schema import AUTO, BUDGETS, RunnerConfig, is_stop_default, setting, typed
 from runner.shutdown import Interrupted, Watch, interrupted, signal_name
 from runner.tasks.base import Task, TaskRun
@@ -143,7 +144,8 @@ def start_lines(prepared: Prepared, choices: dict[str, Any], cfg: DictConfig) ->
         check = Check(settings.check).describe()
         lines += [check] if check else []
     step = describe_training_step(prepared.config, settings.algo.fast_step)
-    return lines + ([step] if step else []) + prepared.placement.chosen
+    rewards = describe_rewards(prepared.config)
+    return lines + [x for x in (step, rewards) if x] + prepared.placement.chosen
 
 
 def print_plan(plan: Plan, report: preflight.Report, res: machine.Resources) -> None:

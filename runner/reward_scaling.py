@@ -133,6 +133,18 @@ def choose(config: AlgorithmConfig, settings: RewardScalingConfig) -> None:
     config.learners(learner_class=RewardScalingPPOLearner, learner_config_dict=own)
 
 
+def describe(config: AlgorithmConfig) -> str | None:
+    """The run's start line on its rewards where they are scaled (None: they are not)."""
+    if config.learner_class is not RewardScalingPPOLearner:
+        return None
+    settings = config.learner_config_dict[SETTINGS_KEY]
+    return (
+        "rewards: scaled for the Learner as SB3's VecNormalize does (gamma "
+        f"{settings['gamma']:g}, clip {settings['clip']:g}; algo.reward_scaling), the metrics "
+        "the env's own"
+    )
+
+
 def _unsupported(config: AlgorithmConfig) -> str | None:
     if config.algo_class is not PPO:
         return f"it scales PPO's rewards, not {getattr(config.algo_class, '__name__', '?')}'s"

@@ -12,10 +12,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import prepared, run_cli
+from conftest import compose_config, prepared, run_cli
 from episodes import chunks
 from stable_baselines3.common.running_mean_std import RunningMeanStd
 
+from runner.app import start_lines
 from runner.reward_scaling import STATE_KEY, RewardScalingPPOLearner, ScaleRewards
 
 GAMMA = 0.9
@@ -58,12 +59,20 @@ def test_scaled_rewards_are_vecnormalizes():
 
 
 def test_ppo_gets_the_learner_where_enabled():
-    """Its Learner and the algorithm's gamma where enabled (other algorithms: one line,
-    tests/test_bad_input.py)."""
-    config = prepared(["algo=ppo", "algo.reward_scaling.enabled=true"]).config
-    assert config.learner_class is RewardScalingPPOLearner
-    assert config.learner_config_dict["runner_reward_scaling"]["gamma"] == config.gamma
-    assert prepared(["algo=ppo"]).config.learner_class is not RewardScalingPPOLearner
+    """Its Learner, the algorithm's gamma and a start line where enabled (other
+    algorithms: one line, tests/test_bad_input.py)."""
+    overrides = ["algo=ppo", "algo.reward_scaling.enabled=true"]
+    job = prepared(overrides)
+    assert job.config.learner_class is RewardScalingPPOLearner
+    assert job.config.learner_config_dict["runner_reward_scaling"]["gamma"] == job.config.gamma
+    lines = [x for x in start_lines(job, {}, compose_config(overrides)) if "rewards:" in x]
+    assert lines == [
+        "rewards: scaled for the Learner as SB3's VecNormalize does (gamma 0.99, clip 10; "
+        "algo.reward_scaling), the metrics the env's own"
+    ]
+    plain = prepared(["algo=ppo"])
+    assert plain.config.learner_class is not RewardScalingPPOLearner
+    assert not [x for x in start_lines(plain, {}, compose_config(["algo=ppo"])) if "rewards" in x]
 
 
 def _statistics(run: Path) -> dict[str, float]:
