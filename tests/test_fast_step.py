@@ -22,8 +22,10 @@ from ray.rllib.utils.replay_buffers import PrioritizedEpisodeReplayBuffer
 from ray.rllib.utils.torch_utils import convert_to_torch_tensor
 
 from runner.app import start_lines
+from runner.errors import ConfigError
 from runner.fast_step import MINIBATCH_TIMESTEPS, FastDQN, FastSAC, FastStep
 from runner.flat_replay import FlatReplay
+from runner.sac_module import SB3QCatalog
 
 PRESETS = {
     "dqn": ("experiment=tuned_dqn_cartpole", "CartPole-v1"),
@@ -31,10 +33,14 @@ PRESETS = {
 }
 
 
+def _learner(overrides: list[str], env_id: str):
+    config = prepared(overrides).config
+    return config, config.build_learner(env=gym.make(env_id))
+
+
 def learner_for(algo: str, *overrides: str):
     """The preset's AlgorithmConfig as a run makes it, and its Learner built here."""
-    config = prepared([PRESETS[algo][0], *overrides]).config
-    return config, config.build_learner(env=gym.make(PRESETS[algo][1]))
+    return _learner([PRESETS[algo][0], *overrides], PRESETS[algo][1])
 
 
 def filled(algo: str, config) -> tuple[FlatReplay, PrioritizedEpisodeReplayBuffer]:
@@ -194,6 +200,31 @@ def test_the_sac_preset_has_sb3s_networks_and_rllibs_forward_and_gradients():
     assert len(rllib[2]) == len(lean[2]) == len(learner._params)
     for a, b in zip(rllib[2], lean[2], strict=True):
         torch.testing.assert_close(a, b)
+
+
+def test_sb3q_sac_leaves_discrete_actions_to_rllib_and_refuses_unflat_spaces():
+    """SB3QSAC on CartPole (discrete actions: RLlib's Q network per action, which
+    encodes no action) builds RLlib's SAC networks and runs RLlib's forward pass; a Box
+    action space that is not flat is one ConfigError line naming the fix."""
+    spec = (
+        "{_target_:ray.rllib.core.rl_module.rl_module.RLModuleSpec,"
+        "module_class:runner.sac_module:SB3QSAC}"
+    )
+    config, learner = _learner(
+        ["algo=sac", "env=cartpole", f"+algo.rl_module.rl_module_spec={spec}"], "CartPole-v1"
+    )
+    module = learner.module[DEFAULT_MODULE_ID]
+    assert type(module).__name__ == "SB3QSAC"
+    assert _linears(module.qf_encoder) == [(256, 4), (256, 256)]  # RLlib's, obs only
+    obs = np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32)
+    out = module.forward_train(
+        convert_to_torch_tensor({"obs": obs, "new_obs": obs, "actions": np.zeros(8, np.int64)})
+    )
+    assert out["qf_preds"].shape == (8, 2)
+    model_config = {**config.model_config, "twin_q": True}
+    flat_obs, square = gym.spaces.Box(-1, 1, (3,)), gym.spaces.Box(-1, 1, (2, 2))
+    with pytest.raises(ConfigError, match="takes flat Box observations and actions"):
+        SB3QCatalog(flat_obs, square, model_config).build_qf_encoder("torch")
 
 
 def test_a_non_finite_gradient_takes_rllibs_own_path():
