@@ -25,6 +25,7 @@ from runner.schema import (
     CheckOn,
     EnvConfig,
     LoggerConfig,
+    RewardScalingConfig,
     RunnerConfig,
     ScalingConfig,
     setting,
@@ -213,6 +214,20 @@ def check_settings(settings: RunnerConfig) -> None:
             f"algo.fast_step.updates_per_call={settings.algo.fast_step.updates_per_call}: "
             "give at least 1 (gradient updates per Learner call)"
         )
+    check_reward_scaling(settings.algo.reward_scaling)
+
+
+def check_reward_scaling(scaling: RewardScalingConfig) -> None:
+    """Its numbers in range (whether the algorithm can have it: runner/reward_scaling.py)."""
+    if scaling.gamma is not None and not 0 < scaling.gamma <= 1:
+        raise ConfigError(
+            f"algo.reward_scaling.gamma={scaling.gamma}: give a discount in (0, 1], or null "
+            "for the algorithm's gamma"
+        )
+    for name in ("clip", "epsilon"):
+        value = getattr(scaling, name)
+        if not value > 0:
+            raise ConfigError(f"algo.reward_scaling.{name}={value}: give a number above 0")
 
 
 def validate(settings: RunnerConfig, task: Task) -> tuple[CompileSpec | None, list[str]]:

@@ -21,6 +21,15 @@ CASES = {
         ["algo=dqn", "algo.fast_step.updates_per_call=0"],
         "algo.fast_step.updates_per_call=0: give at least 1 (gradient updates per Learner call)",
     ),
+    "a reward-scaling discount above 1": (
+        ["algo=ppo", "algo.reward_scaling.enabled=true", "algo.reward_scaling.gamma=1.5"],
+        "algo.reward_scaling.gamma=1.5: give a discount in (0, 1], or null for the "
+        "algorithm's gamma",
+    ),
+    "a negative reward clip": (
+        ["algo=ppo", "algo.reward_scaling.enabled=true", "algo.reward_scaling.clip=-1"],
+        "algo.reward_scaling.clip=-1.0: give a number above 0",
+    ),
     "reward scaling for an algorithm other than PPO": (
         ["algo=dqn", "algo.reward_scaling.enabled=true"],
         "algo.reward_scaling.enabled=true: it scales PPO's rewards, not DQN's; drop it for "
