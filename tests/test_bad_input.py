@@ -30,6 +30,23 @@ CASES = {
         ["algo=ppo", "algo.reward_scaling.enabled=true", "algo.reward_scaling.clip=-1"],
         "algo.reward_scaling.clip=-1.0: give a number above 0",
     ),
+    "reward scaling for a multi-agent run": (
+        ["algo=ppo", "env=multi_agent_cartpole", "algo.reward_scaling.enabled=true"],
+        "a multi-agent run's rewards are per agent, which it does not scale",
+    ),
+    "reward scaling over two Learners": (
+        [
+            "algo=ppo",
+            "algo.reward_scaling.enabled=true",
+            "scaling.num_learners=2",
+            "scaling.num_cpus_per_learner=1",
+        ],
+        "scaling.num_learners=2: each would keep its own statistics",
+    ),
+    "reward scaling on a framework other than torch": (
+        ["algo=ppo", "+algo.framework.framework=tf2", "algo.reward_scaling.enabled=true"],
+        "algo.reward_scaling.enabled=true: its Learner is torch's",
+    ),
     "reward scaling for an algorithm other than PPO": (
         ["algo=dqn", "algo.reward_scaling.enabled=true"],
         "algo.reward_scaling.enabled=true: it scales PPO's rewards, not DQN's; drop it for "

@@ -239,8 +239,12 @@ def test_a_non_finite_gradient_takes_rllibs_own_path():
     grads = learner.compute_gradients(
         learner.compute_losses(fwd_out=learner.module.forward_train(batch), batch=batch)
     )
+    assert learner._finite_without_extras(grads)
+    # A gradient that is not its parameter's own (a user's postprocessing): RLlib's path.
+    assert not learner._finite_without_extras({k: g.clone() for k, g in grads.items()})
     first = next(iter(grads))
     grads[first].fill_(float("nan"))
+    assert not learner._finite_without_extras(grads)
     learner.apply_gradients(grads)
     assert all(torch.isfinite(p).all() for p in learner._params.values())
 

@@ -150,6 +150,13 @@ WAYS: dict[str, Way] = {
     "python -m runner experiment=tuned_sac_pendulum": Way(
         (*TINY, "check.enabled=false"), expect="done (iterations 1 >= 1)"
     ),
+    # Their runs: docs/tuned.md; reward scaling trains in tests/test_reward_scaling.py.
+    "python -m runner experiment=tuned_ppo_acrobot": Way(
+        ("dry_run=true",), expect="rewards: scaled for the Learner as SB3's VecNormalize"
+    ),
+    "python -m runner experiment=tuned_dqn_acrobot": Way(
+        ("dry_run=true",), expect="fast off-policy step (32 updates per Learner call"
+    ),
     # 4 EnvRunners and a remote Learner: remote actors train in tests/test_train.py.
     "python -m runner experiment=tuned_ppo_cartpole ray.num_cpus=8": Way(
         ("dry_run=true",), expect="dry run: nothing started"
