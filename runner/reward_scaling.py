@@ -74,6 +74,11 @@ class ScaleRewards(ConnectorV2):
         for episode in chunks:
             rewards = np.asarray(episode.get_rewards(), dtype=np.float64)
             scaled = np.clip(rewards / scale, -self.clip, self.clip).astype(np.float32)
+            stored = episode.rewards
+            if episode.is_numpy and not stored.data.flags.writeable:
+                # A remote EnvRunner's episode arrives over Ray's object store, its arrays
+                # read-only views of it; set_rewards writes in place.
+                stored.data = stored.data.copy()
             episode.set_rewards(new_data=scaled if episode.is_numpy else list(scaled))
         return batch
 

@@ -82,14 +82,16 @@ def _statistics(run: Path) -> dict[str, float]:
 
 
 def test_a_ppo_run_scales_its_rewards_and_resumes_its_statistics(tmp_path: Path):
-    """A tiny PPO run on Pendulum with reward scaling: its returns are the env's (no
-    scaled return reaches Pendulum's), the checkpoint holds the statistics, and a run
-    resumed from it goes on counting from them."""
+    """A tiny PPO run on Pendulum with reward scaling, sampled by a remote EnvRunner (its
+    episodes reach the Learner read-only, through Ray's object store): its returns are the
+    env's (no scaled return reaches Pendulum's), the checkpoint holds the statistics, and a
+    run resumed from it goes on counting from them."""
     first = run_cli(
         tmp_path,
         "algo=ppo",
         "env=pendulum",
         "debug=tiny",
+        "scaling.num_env_runners=1",
         "stop.iterations=2",
         "algo.reward_scaling.enabled=true",
         "checkpoint.every=1",
