@@ -367,7 +367,7 @@ def build_algorithm_config(settings: RunnerConfig, spec: CompileSpec | None) -> 
     _call(
         config.debugging, "seed", {"seed": settings.seed, "log_level": settings.ray.log_level.value}
     )
-    choose_reward_scaling(config, algo.reward_scaling)
     choose_training_step(config, algo.fast_step)
+    choose_reward_scaling(config, algo.reward_scaling)  # on the Learner the step chose
     add_to_config(config, spec)
     return config

@@ -1,5 +1,5 @@
 """The fast off-policy training step: DQN and SAC on a flat replay buffer, several
-minibatch updates per Learner call.
+minibatch updates per Learner call; and the same cheap Learner updates for PPO.
 
 RLlib's step (Ray 2.60) samples its replay buffer one episode object per item, batches
 them through the Learner's connector pipeline and makes one Learner call, one weight
@@ -20,13 +20,16 @@ metrics and replaces only that bookkeeping, through RLlib's own extension points
 - priorities are updated from every minibatch's TD errors, and the weights go to the
   EnvRunners once per call.
 
-`unsupported` says which configs it cannot run; those run RLlib's own step.
+PPO keeps RLlib's training step and takes only the Learner's part (`FastPPOLearner`):
+its minibatches of SB3's size (64) make a gradient step's bookkeeping most of its cost.
+
+`unsupported` says which configs it cannot run; those run RLlib's own step and Learner.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import Any
 
 import numpy as np
@@ -34,6 +37,8 @@ import torch
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.algorithms.dqn.dqn import DQN, calculate_rr_weights
 from ray.rllib.algorithms.dqn.torch.dqn_torch_learner import DQNTorchLearner
+from ray.rllib.algorithms.ppo.ppo import PPO
+from ray.rllib.algorithms.ppo.torch.ppo_torch_learner import PPOTorchLearner
 from ray.rllib.algorithms.sac.sac import SAC
 from ray.rllib.algorithms.sac.torch.sac_torch_learner import SACTorchLearner
 from ray.rllib.core import DEFAULT_MODULE_ID
@@ -57,6 +62,7 @@ from ray.rllib.utils.metrics import (
     TD_ERROR_KEY,
     TIMERS,
 )
+from ray.rllib.utils.torch_utils import clip_gradients
 
 from runner.flat_replay import FlatReplay
 from runner.schema import FastStepConfig
@@ -82,6 +88,8 @@ class FastUpdates:
     - The gradients' finiteness is one check over all of them; RLlib's checks each
       gradient twice. Where one is not finite, or RLlib's gradient scalers or schedulers
       are in use, RLlib's own `apply_gradients` runs (its warnings, its zeroing).
+    - Clipping by the global norm takes the gradients' norms in one call and scales them
+      in another (`clip_by_global_norm`); RLlib's takes and scales one at a time.
     """
 
     _minibatch_timesteps: Iterator[int] | None = None
@@ -157,6 +165,26 @@ class FastUpdates:
         if self._minibatch_timesteps is None:
             super().after_gradient_based_update(timesteps=timesteps)  # type: ignore[misc]  # as above
 
+    @staticmethod
+    def _get_clip_function() -> Any:
+        return clip_by_global_norm
+
+
+def clip_by_global_norm(
+    gradients_dict: dict[Any, Any], *, grad_clip: float | None = None, grad_clip_by: str = "value"
+) -> Any:
+    """RLlib's `clip_gradients` with its global-norm arithmetic (each norm made finite,
+    the coefficient clamped to 1, the gradients scaled in place) in two fused calls;
+    RLlib's own for the other modes."""
+    grads = [g for g in gradients_dict.values() if g is not None]
+    if grad_clip is None or grad_clip_by != "global_norm" or not grads:
+        return clip_gradients(gradients_dict, grad_clip=grad_clip, grad_clip_by=grad_clip_by)
+    norms = [n.nan_to_num(neginf=-10e8, posinf=10e8) for n in torch._foreach_norm(grads)]
+    total = torch.norm(torch.stack(norms), 2.0).nan_to_num(neginf=-10e8, posinf=10e8)
+    coefficient = torch.clamp(grad_clip / torch.clamp(total + 1e-6, min=grad_clip), max=1.0)
+    torch._foreach_mul_(grads, coefficient)
+    return total
+
 
 # Adam's settings that choose its implementation, not its arithmetic.
 _ADAM_PATHS = {"foreach", "fused", "capturable", "differentiable"}
@@ -178,6 +206,11 @@ class FastSACLearner(FastUpdates, SACTorchLearner):  # type: ignore[misc]  # RLl
     def compute_gradients(self, loss_per_module: dict[Any, Any], **kwargs: Any) -> Any:
         self._temp_losses.clear()  # the per-optimizer losses RLlib's passes would take
         return TorchLearner.compute_gradients(self, loss_per_module, **kwargs)
+
+
+class FastPPOLearner(FastUpdates, PPOTorchLearner):
+    """RLlib's PPO Learner with FastUpdates (RLlib's training step: one Learner call
+    per train batch, its epochs and minibatches RLlib's)."""
 
 
 def env_steps_per_update(config: AlgorithmConfig) -> float:
@@ -300,9 +333,11 @@ class FastSAC(FastStep, SAC):
     """RLlib's SAC with the fast training step."""
 
 
+# Each algorithm's (Algorithm, Learner) under the fast step.
 FAST: dict[Any, tuple[type, type]] = {
     DQN: (FastDQN, FastDQNLearner),
     SAC: (FastSAC, FastSACLearner),
+    PPO: (PPO, FastPPOLearner),
 }
 
 
@@ -310,12 +345,30 @@ def _buffer_name(kind: Any) -> str:
     return kind if isinstance(kind, str) else getattr(kind, "__name__", str(kind))
 
 
+def learner_refusal(config: AlgorithmConfig, ours: Collection[type] = ()) -> str | None:
+    """Why the runner cannot swap its own Learner class in for `config`'s (None: it can):
+    it replaces RLlib's default and `ours`, never a class of the user's."""
+    if config.framework_str != "torch":
+        return f"framework={config.framework_str}: the runner's Learners are torch's"
+    if config.learner_class not in (config.get_default_learner_class(), *ours):
+        return f"algo.learners.learner_class={config.learner_class.__name__} is the user's own"
+    return None
+
+
+def rllib_algorithm(algo_class: Any) -> Any:
+    """The RLlib algorithm `algo_class` is, or stands in for under the fast step."""
+    if not isinstance(algo_class, type):
+        return algo_class
+    return next((algo for algo in FAST if issubclass(algo_class, algo)), algo_class)
+
+
 def unsupported(config: AlgorithmConfig) -> str | None:
     """Why the fast step cannot run `config` (None: it can)."""
     if config.algo_class not in FAST:
-        return f"{getattr(config.algo_class, '__name__', config.algo_class)} is not DQN or SAC"
-    if config.framework_str != "torch":
-        return f"framework={config.framework_str}: the fast step's Learners are torch's"
+        return f"{getattr(config.algo_class, '__name__', config.algo_class)} is not DQN, SAC or PPO"
+    why = learner_refusal(config)
+    if why is not None or config.algo_class is PPO:  # PPO keeps RLlib's step
+        return why
     if config.is_multi_agent:
         return "a multi-agent run samples RLlib's multi-agent replay buffer"
     kind = _buffer_name((getattr(config, "replay_buffer_config", None) or {}).get("type"))
@@ -326,8 +379,6 @@ def unsupported(config: AlgorithmConfig) -> str | None:
         )
     if config.num_learners > 1:
         return f"scaling.num_learners={config.num_learners}: the fast step updates one Learner"
-    if config.learner_class is not config.get_default_learner_class():
-        return f"algo.learners.learner_class={config.learner_class.__name__} is the user's own"
     if config.model_config.get("use_lstm") or config.model_config.get("use_attention"):
         return "a stateful module samples sequences, which the flat buffer does not"
     if (
@@ -358,6 +409,11 @@ def describe(config: AlgorithmConfig, settings: FastStepConfig) -> str | None:
         )
     if config.algo_class not in FAST:
         return None
+    if config.algo_class is PPO and issubclass(config.learner_class, FastPPOLearner):
+        return (
+            "training step: RLlib's, its Learner's updates the runner's fast ones (fused Adam, "
+            "one finiteness check, fused clipping; algo.fast_step.enabled=false: RLlib's own)"
+        )
     if not settings.enabled:
         return "training step: RLlib's own (algo.fast_step.enabled=false)"
     reason = unsupported(config)

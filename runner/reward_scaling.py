@@ -9,9 +9,9 @@ the EnvRunners' episode returns, the metrics and the evaluation stay the env's o
 `ScaleRewards` is a Learner connector piece that runs first in the pipeline, on the
 episodes as the EnvRunners sent them (an episode's chunks arrive in order, each carrying
 its episode's id, so its running return continues across train batches).
-`RewardScalingPPOLearner` is RLlib's PPO Learner with the piece in front and its
-statistics in the Learner's state, so they are in every checkpoint and restored with it
-(RLlib does not keep a Learner connector's state).
+`RewardScaling` puts the piece in front of a PPO Learner's pipeline (RLlib's, or the fast
+step's in runner/fast_step.py) and its statistics in the Learner's state, so they are in
+every checkpoint and restored with it (RLlib does not keep a Learner connector's state).
 
 One difference from VecNormalize: it updates the statistics at every env step and scales
 that step's reward by them; here they are updated once per train batch (with the same
@@ -30,6 +30,7 @@ from ray.rllib.algorithms.ppo.torch.ppo_torch_learner import PPOTorchLearner
 from ray.rllib.connectors.connector_v2 import ConnectorV2
 
 from runner.errors import ConfigError
+from runner.fast_step import FastPPOLearner, learner_refusal, rllib_algorithm
 from runner.schema import RewardScalingConfig
 
 STATE_KEY = "runner_reward_scaling"
@@ -75,7 +76,7 @@ class ScaleRewards(ConnectorV2):
             rewards = np.asarray(episode.get_rewards(), dtype=np.float64)
             scaled = np.clip(rewards / scale, -self.clip, self.clip).astype(np.float32)
             stored = episode.rewards
-            if episode.is_numpy and not stored.data.flags.writeable:
+            if isinstance(stored.data, np.ndarray) and not stored.data.flags.writeable:
                 # A remote EnvRunner's episode arrives over Ray's object store, its arrays
                 # read-only views of it; set_rewards writes in place.
                 stored.data = stored.data.copy()
@@ -100,12 +101,15 @@ class ScaleRewards(ConnectorV2):
         self.mean, self.var, self.count = state["mean"], state["var"], state["count"]
 
 
-class RewardScalingPPOLearner(PPOTorchLearner):
-    """RLlib's PPO Learner with ScaleRewards first in its connector pipeline and the
-    piece's statistics in its state (and so in checkpoints)."""
+class RewardScaling:
+    """PPO Learner mixin: ScaleRewards first in its connector pipeline and the piece's
+    statistics in its state (and so in checkpoints)."""
+
+    config: Any
+    _learner_connector: Any
 
     def build(self) -> None:
-        super().build()
+        super().build()  # type: ignore[misc]  # a mixin: the Learner comes next in the MRO
         settings = self.config.learner_config_dict[SETTINGS_KEY]
         self.reward_scaling = ScaleRewards(**settings)
         pipeline = self._learner_connector
@@ -113,13 +117,28 @@ class RewardScalingPPOLearner(PPOTorchLearner):
         pipeline.prepend(self.reward_scaling)
 
     def get_state(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        state = super().get_state(*args, **kwargs)
+        state = super().get_state(*args, **kwargs)  # type: ignore[misc]  # as above
         return {**state, STATE_KEY: self.reward_scaling.get_state()}
 
     def set_state(self, state: dict[str, Any]) -> None:
-        super().set_state(state)
+        super().set_state(state)  # type: ignore[misc]  # as above
         if STATE_KEY in state:
             self.reward_scaling.set_state(state[STATE_KEY])
+
+
+class RewardScalingPPOLearner(RewardScaling, PPOTorchLearner):
+    """RLlib's PPO Learner with reward scaling."""
+
+
+class RewardScalingFastPPOLearner(RewardScaling, FastPPOLearner):
+    """The fast step's PPO Learner (runner/fast_step.py) with reward scaling."""
+
+
+# The Learner each of the classes the runner gives PPO becomes with reward scaling.
+SCALED: dict[Any, type] = {
+    PPOTorchLearner: RewardScalingPPOLearner,
+    FastPPOLearner: RewardScalingFastPPOLearner,
+}
 
 
 def choose(config: AlgorithmConfig, settings: RewardScalingConfig) -> None:
@@ -135,12 +154,12 @@ def choose(config: AlgorithmConfig, settings: RewardScalingConfig) -> None:
         **config.learner_config_dict,
         SETTINGS_KEY: {"gamma": gamma, "clip": settings.clip, "epsilon": settings.epsilon},
     }
-    config.learners(learner_class=RewardScalingPPOLearner, learner_config_dict=own)
+    config.learners(learner_class=SCALED[config.learner_class], learner_config_dict=own)
 
 
 def describe(config: AlgorithmConfig) -> str | None:
     """The run's start line on its rewards where they are scaled (None: they are not)."""
-    if config.learner_class is not RewardScalingPPOLearner:
+    if not issubclass(config.learner_class, RewardScaling):
         return None
     settings = config.learner_config_dict[SETTINGS_KEY]
     return (
@@ -151,14 +170,11 @@ def describe(config: AlgorithmConfig) -> str | None:
 
 
 def _unsupported(config: AlgorithmConfig) -> str | None:
-    if config.algo_class is not PPO:
-        return f"it scales PPO's rewards, not {getattr(config.algo_class, '__name__', '?')}'s"
-    if config.framework_str != "torch":
-        return "its Learner is torch's"
+    algorithm = rllib_algorithm(config.algo_class)
+    if algorithm is not PPO:
+        return f"it scales PPO's rewards, not {getattr(algorithm, '__name__', '?')}'s"
     if config.is_multi_agent:
         return "a multi-agent run's rewards are per agent, which it does not scale"
     if config.num_learners > 1:
         return f"scaling.num_learners={config.num_learners}: each would keep its own statistics"
-    if config.learner_class is not config.get_default_learner_class():
-        return f"algo.learners.learner_class={config.learner_class.__name__} is the user's own"
-    return None
+    return learner_refusal(config, SCALED)

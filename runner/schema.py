@@ -168,8 +168,10 @@ class ScalingConfig:
 @dataclass
 class FastStepConfig:
     """DQN's and SAC's training step (runner/fast_step.py): a flat replay buffer and
-    several gradient updates per Learner call, at the configured replay ratio; a config
-    it cannot run takes RLlib's own step, and the run's first lines say why."""
+    several gradient updates per Learner call, at the configured replay ratio; for PPO,
+    RLlib's step with the same cheap Learner updates (fused Adam, one finiteness check,
+    fused clipping). A config it cannot run takes RLlib's own, and the run's first lines
+    say why."""
 
     enabled: bool = True
     # Gradient updates per Learner call (and per weight sync to the EnvRunners), the

@@ -43,9 +43,18 @@ CASES = {
         ],
         "scaling.num_learners=2: each would keep its own statistics",
     ),
+    "reward scaling with a Learner class of the user's": (
+        [
+            "algo=ppo",
+            "algo.reward_scaling.enabled=true",
+            "+algo.learners.learner_class=runner.fast_step:FastDQNLearner",
+        ],
+        "algo.reward_scaling.enabled=true: algo.learners.learner_class=FastDQNLearner is the "
+        "user's own; drop it for this run",
+    ),
     "reward scaling on a framework other than torch": (
         ["algo=ppo", "+algo.framework.framework=tf2", "algo.reward_scaling.enabled=true"],
-        "algo.reward_scaling.enabled=true: its Learner is torch's",
+        "algo.reward_scaling.enabled=true: framework=tf2: the runner's Learners are torch's",
     ),
     "reward scaling for an algorithm other than PPO": (
         ["algo=dqn", "algo.reward_scaling.enabled=true"],

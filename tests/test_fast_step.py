@@ -13,6 +13,7 @@ import pytest
 import torch
 from conftest import compose_config, prepared
 from episodes import chunks
+from ray.rllib.algorithms.ppo.torch.ppo_torch_learner import PPOTorchLearner
 from ray.rllib.algorithms.sac.torch.default_sac_torch_rl_module import DefaultSACTorchRLModule
 from ray.rllib.algorithms.sac.torch.sac_torch_learner import SACTorchLearner
 from ray.rllib.core import DEFAULT_MODULE_ID
@@ -23,8 +24,9 @@ from ray.rllib.utils.torch_utils import convert_to_torch_tensor
 
 from runner.app import start_lines
 from runner.errors import ConfigError
-from runner.fast_step import MINIBATCH_TIMESTEPS, FastDQN, FastSAC, FastStep
+from runner.fast_step import MINIBATCH_TIMESTEPS, FastDQN, FastPPOLearner, FastSAC, FastStep
 from runner.flat_replay import FlatReplay
+from runner.reward_scaling import RewardScaling
 from runner.sac_module import SB3QCatalog
 
 PRESETS = {
@@ -151,6 +153,61 @@ def test_k_minibatches_in_one_call_equal_k_of_rllibs_calls(algo: str, every: int
     assert any(not np.allclose(after_fast[n], before[n]) for n in targets)
 
 
+def test_ppos_fast_learner_leaves_the_weights_as_rllibs_does():
+    """PPO Acrobot's preset (minibatches of 64, gradients clipped at a global norm of 0.5)
+    on the fast Learner and on RLlib's, from the same weights, over the same batch in
+    the same minibatch order (2 epochs of 4): one minibatch's clipped gradients are
+    RLlib's (the clip really scaled them: their norm, logged, is above 0.5), and the
+    weights end as RLlib's leaves them (Adam is blind to a common scale: the gradients
+    are compared first)."""
+    preset = ["experiment=tuned_ppo_acrobot"]
+    config, fast = _learner(preset, "Acrobot-v1")
+    _, plain = _learner([*preset, "algo.fast_step.enabled=false"], "Acrobot-v1")
+    assert type(fast).__mro__[1:3] == (RewardScaling, FastPPOLearner)
+    assert type(plain).__mro__[1:3] == (RewardScaling, PPOTorchLearner)
+    plain.set_state(fast.get_state())
+    before = _weights(fast)
+    rng = np.random.default_rng(0)
+    n = 4 * config.minibatch_size
+    logits = rng.normal(size=(n, 3)).astype(np.float32)
+    actions = rng.integers(0, 3, n)
+    logp = logits[np.arange(n), actions] - np.log(np.exp(logits).sum(axis=1))
+    columns = {
+        "obs": rng.normal(size=(n, 6)).astype(np.float32),
+        "actions": actions,
+        "action_dist_inputs": logits,
+        "action_logp": logp.astype(np.float32),
+        "advantages": rng.normal(size=n).astype(np.float32),
+        "value_targets": rng.normal(-50, 20, size=n).astype(np.float32),
+    }
+    first = convert_to_torch_tensor({k: v[: config.minibatch_size] for k, v in columns.items()})
+    clipped = []
+    for learner in (fast, plain):
+        fwd = learner.module.forward_train({DEFAULT_MODULE_ID: first})
+        losses = learner.compute_losses(fwd_out=fwd, batch={DEFAULT_MODULE_ID: first})
+        grads = learner.postprocess_gradients(learner.compute_gradients(losses))
+        clipped.append([grad.clone() for grad in grads.values()])
+    assert len(clipped[0]) == len(clipped[1]) > 0
+    for ours, theirs in zip(*clipped, strict=True):  # both in the module's parameter order
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-7)
+    norms = []
+    for learner in (fast, plain):
+        results = learner.update(
+            batch=MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(columns)}, n),
+            minibatch_size=config.minibatch_size,
+            num_epochs=2,
+            shuffle_batch_per_epoch=False,
+            timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: n},
+        )
+        logged = results[DEFAULT_MODULE_ID]["gradients_default_optimizer_global_norm"]
+        norms.append(float(logged.peek()))
+    after_fast, after_plain = _weights(fast), _weights(plain)
+    for name in after_fast:
+        np.testing.assert_allclose(after_fast[name], after_plain[name], rtol=1e-5, atol=1e-6)
+    assert any(not np.allclose(after_fast[k], before[k]) for k in before)
+    assert norms[0] == pytest.approx(norms[1], rel=1e-5) and norms[0] > config.grad_clip
+
+
 def _linears(net: torch.nn.Module) -> list[tuple[int, int]]:
     return [tuple(m.weight.shape) for m in net.modules() if isinstance(m, torch.nn.Linear)]
 
@@ -251,7 +308,8 @@ def test_a_non_finite_gradient_takes_rllibs_own_path():
 
 def test_the_fast_step_is_the_default_and_says_so():
     """algo=sac env=pendulum and algo=dqn run the fast step, and their first lines say
-    so; a config it cannot run takes RLlib's step with the reason; PPO has no such line."""
+    so; a config it cannot run takes RLlib's step with the reason; PPO keeps RLlib's step
+    on the fast Learner, and says so."""
     lines = {}
     for name, overrides in {
         "sac": ["algo=sac", "env=pendulum"],
@@ -280,6 +338,8 @@ def test_the_fast_step_is_the_default_and_says_so():
         lines[name] = [
             x for x in start_lines(job, {}, compose_config(overrides)) if "training step" in x
         ]
+        if name == "ppo":
+            job_ppo_learner = job.config.learner_class
         if name in ("sac", "dqn", "mean_std"):
             assert issubclass(job.config.algo_class, FastDQN if name == "dqn" else FastSAC)
         elif not name.startswith("ppo"):
@@ -289,6 +349,8 @@ def test_the_fast_step_is_the_default_and_says_so():
     assert lines["off"] == ["training step: RLlib's own (algo.fast_step.enabled=false)"]
     assert "scaling.num_learners=2" in lines["two_learners"][0]
     assert "replay_buffer_config.type=MultiAgentEpisodeReplayBuffer" in lines["buffer"][0]
-    assert lines["ppo"] == lines["ppo_off"] == []
+    assert "its Learner's updates the runner's fast ones" in lines["ppo"][0]
+    assert job_ppo_learner is FastPPOLearner
+    assert lines["ppo_off"] == ["training step: RLlib's own (algo.fast_step.enabled=false)"]
     assert lines["mean_std"] == lines["sac"]  # the Learner reads the stored observations
     assert "the Learner connector pipeline is the user's" in lines["own_learner_connector"][0]

@@ -17,7 +17,13 @@ from episodes import chunks
 from stable_baselines3.common.running_mean_std import RunningMeanStd
 
 from runner.app import start_lines
-from runner.reward_scaling import STATE_KEY, RewardScalingPPOLearner, ScaleRewards
+from runner.reward_scaling import (
+    STATE_KEY,
+    RewardScaling,
+    RewardScalingFastPPOLearner,
+    RewardScalingPPOLearner,
+    ScaleRewards,
+)
 
 GAMMA = 0.9
 
@@ -59,11 +65,14 @@ def test_scaled_rewards_are_vecnormalizes():
 
 
 def test_ppo_gets_the_learner_where_enabled():
-    """Its Learner, the algorithm's gamma and a start line where enabled (other
-    algorithms: one line, tests/test_bad_input.py)."""
+    """Its Learner (on the fast step's PPO Learner, or RLlib's where the fast step is off),
+    the algorithm's gamma and a start line where enabled (other algorithms, and a Learner
+    class of the user's: one line, tests/test_bad_input.py)."""
     overrides = ["algo=ppo", "algo.reward_scaling.enabled=true"]
     job = prepared(overrides)
-    assert job.config.learner_class is RewardScalingPPOLearner
+    assert job.config.learner_class is RewardScalingFastPPOLearner
+    off = prepared([*overrides, "algo.fast_step.enabled=false"])
+    assert off.config.learner_class is RewardScalingPPOLearner
     assert job.config.learner_config_dict["runner_reward_scaling"]["gamma"] == job.config.gamma
     lines = [x for x in start_lines(job, {}, compose_config(overrides)) if "rewards:" in x]
     assert lines == [
@@ -71,7 +80,7 @@ def test_ppo_gets_the_learner_where_enabled():
         "algo.reward_scaling), the metrics the env's own"
     ]
     plain = prepared(["algo=ppo"])
-    assert plain.config.learner_class is not RewardScalingPPOLearner
+    assert not issubclass(plain.config.learner_class, RewardScaling)
     assert not [x for x in start_lines(plain, {}, compose_config(["algo=ppo"])) if "rewards" in x]
 
 
@@ -85,7 +94,8 @@ def test_a_ppo_run_scales_its_rewards_and_resumes_its_statistics(tmp_path: Path)
     """A tiny PPO run on Pendulum with reward scaling, sampled by a remote EnvRunner (its
     episodes reach the Learner read-only, through Ray's object store): its returns are the
     env's (no scaled return reaches Pendulum's), the checkpoint holds the statistics, and a
-    run resumed from it goes on counting from them."""
+    run resumed from it, on RLlib's Learner rather than the fast step's, goes on counting
+    from them."""
     first = run_cli(
         tmp_path,
         "algo=ppo",
@@ -104,8 +114,17 @@ def test_a_ppo_run_scales_its_rewards_and_resumes_its_statistics(tmp_path: Path)
     saved = _statistics(first.run_dir)
     steps = first.jsonl("metrics.jsonl")[-1]["env_steps"]
     assert saved["count"] == pytest.approx(steps + 1e-4) and saved["var"] > 1
-    resumed = run_cli(tmp_path, f"resume={first.run_dir}", "stop.iterations=3", run_dir="second")
+    # Resumed on RLlib's own PPO Learner (the first ran the fast step's): the Learner's
+    # state, Adam's and the statistics, is the same either way.
+    resumed = run_cli(
+        tmp_path,
+        f"resume={first.run_dir}",
+        "stop.iterations=3",
+        "algo.fast_step.enabled=false",
+        run_dir="second",
+    )
     assert resumed.returncode == 0, resumed.stderr
+    assert "fast ones" in first.stdout and "RLlib's own (algo.fast_step" in resumed.stdout
     after = _statistics(resumed.run_dir)
     assert after["count"] == pytest.approx(resumed.jsonl("metrics.jsonl")[-1]["env_steps"] + 1e-4)
     assert after["count"] > saved["count"]
