@@ -21,6 +21,7 @@ the batch's rewards scaled by the updated ones.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import numpy as np
@@ -58,6 +59,10 @@ class ScaleRewards(ConnectorV2):
         self.running: dict[str, float] = {}  # unfinished episodes' discounted returns
 
     def __call__(self, *, episodes: list[Any], batch: dict[str, Any], **kwargs: Any) -> Any:
+        # The pipeline's own copies, which the pieces after this one read: a local
+        # EnvRunner keeps the chunks it returned and sums their rewards into its episode
+        # returns (the metrics), and a remote one's arrive read-only (Ray's object store).
+        episodes[:] = [copy.deepcopy(episode) for episode in episodes]
         chunks = list(self.single_agent_episode_iterator(episodes, agents_that_stepped_only=False))
         returns = []
         for episode in chunks:
@@ -75,11 +80,6 @@ class ScaleRewards(ConnectorV2):
         for episode in chunks:
             rewards = np.asarray(episode.get_rewards(), dtype=np.float64)
             scaled = np.clip(rewards / scale, -self.clip, self.clip).astype(np.float32)
-            stored = episode.rewards
-            if isinstance(stored.data, np.ndarray) and not stored.data.flags.writeable:
-                # A remote EnvRunner's episode arrives over Ray's object store, its arrays
-                # read-only views of it; set_rewards writes in place.
-                stored.data = stored.data.copy()
             episode.set_rewards(new_data=scaled if episode.is_numpy else list(scaled))
         return batch
 

@@ -128,3 +128,23 @@ def test_a_ppo_run_scales_its_rewards_and_resumes_its_statistics(tmp_path: Path)
     after = _statistics(resumed.run_dir)
     assert after["count"] == pytest.approx(resumed.jsonl("metrics.jsonl")[-1]["env_steps"] + 1e-4)
     assert after["count"] > saved["count"]
+
+
+def test_a_local_env_runners_returns_stay_the_envs(tmp_path: Path):
+    """PPO Acrobot's preset (reward scaling on) sampling in the main process: the
+    EnvRunner sums an episode's return over the chunks it returned, which the Learner's
+    pipeline must not scale in place. Acrobot's reward is -1 a step (0 on the step that
+    ends it), so the episodes return minus their length, or one more each."""
+    result = run_cli(tmp_path, "algo=ppo", "env=acrobot", "debug=tiny", "stop.iterations=4")
+    assert result.returncode == 0, result.stderr
+    assert "rewards: scaled for the Learner" in result.stdout
+    ended = [
+        row["metrics"]
+        for row in result.jsonl("metrics.jsonl")
+        if "env_runners/episode_len_mean" in row["metrics"]
+    ]
+    assert ended  # 500-step episodes at most, each over 3 of the EnvRunner's chunks
+    for metrics in ended:
+        length = metrics["env_runners/episode_len_mean"]
+        returned = metrics["env_runners/episode_return_mean"]
+        assert -length <= returned <= -length + 1, (returned, length)
