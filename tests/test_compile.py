@@ -213,6 +213,25 @@ def test_dqn_exploration_mutates_an_inputs_storage_and_takes_the_timestep_as_an_
     assert graphs(PPOConfig()) == [{"storage_mutation": None, "int_inputs": 0}]
 
 
+def test_a_sampling_forward_pass_has_no_compiled_gap_to_report():
+    """DQN's exploration draws its epsilon-greedy actions inside the module: compiled and
+    eager replays of one input differ by chance (a gap of a whole action), so the report
+    gives none, where PPO's exploration (logits; the connector samples) gives its gap."""
+    from ray.rllib.algorithms.dqn import DQNConfig
+
+    env = gym.make("CartPole-v1")
+    obs = torch.as_tensor(env.reset(seed=0)[0])[None].repeat(64, 1)
+    gaps = {}
+    for name, config in {"dqn": DQNConfig(), "ppo": PPOConfig()}.items():
+        module = config.environment("CartPole-v1").get_rl_module_spec(env=env).build().eval()
+        method = module._forward_exploration
+        call = CompiledCall(method, torch.compile(method, backend="eager"), name)
+        with torch.no_grad():
+            call({Columns.OBS: obs}, t=0)  # DQN's epsilon starts at 1: every action random
+            gaps[name] = call.max_abs_diff()
+    assert gaps == {"dqn": None, "ppo": 0.0}
+
+
 @pytest.mark.slow
 def test_dqn_exploration_with_static_shapes_recompiles_per_timestep_up_to_the_limit():
     """compile.dynamic=false specializes on the int timestep (the warning check_placement

@@ -195,13 +195,21 @@ class CompiledCall:
         return out
 
     def max_abs_diff(self) -> float | None:
-        """Replay the last real input through compiled and eager code: the largest gap."""
+        """Replay the last real input through compiled and eager code: the largest gap.
+        None where eager code gives two answers to one input: a forward pass that samples
+        (DQN's epsilon-greedy exploration) has no gap to measure."""
         if self.last_call is None:
             return None
         args, kwargs = self.last_call
         # Same grad mode as the real call, so the replay hits the compiled graph as it is.
         ours = self._counted(args, kwargs)
         theirs = self.eager(*args, **kwargs)
+        again = self.eager(*args, **kwargs)
+        if any(
+            torch.is_tensor(v) and not torch.equal(v.detach(), again[k].detach())
+            for k, v in theirs.items()
+        ):
+            return None
         gaps = [
             (ours[k].detach() - v.detach()).abs().max()
             for k, v in theirs.items()
