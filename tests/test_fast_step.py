@@ -310,7 +310,7 @@ def test_the_fast_step_is_the_default_and_says_so():
     """algo=sac env=pendulum and algo=dqn run the fast step, and their first lines say
     so; a config it cannot run takes RLlib's step with the reason; PPO keeps RLlib's step
     on the fast Learner, and says so."""
-    lines = {}
+    lines, learners = {}, {}
     for name, overrides in {
         "sac": ["algo=sac", "env=pendulum"],
         "dqn": ["algo=dqn"],
@@ -338,8 +338,7 @@ def test_the_fast_step_is_the_default_and_says_so():
         lines[name] = [
             x for x in start_lines(job, {}, compose_config(overrides)) if "training step" in x
         ]
-        if name == "ppo":
-            job_ppo_learner = job.config.learner_class
+        learners[name] = job.config.learner_class
         if name in ("sac", "dqn", "mean_std"):
             assert issubclass(job.config.algo_class, FastDQN if name == "dqn" else FastSAC)
         elif not name.startswith("ppo"):
@@ -350,7 +349,7 @@ def test_the_fast_step_is_the_default_and_says_so():
     assert "scaling.num_learners=2" in lines["two_learners"][0]
     assert "replay_buffer_config.type=MultiAgentEpisodeReplayBuffer" in lines["buffer"][0]
     assert "its Learner's updates the runner's fast ones" in lines["ppo"][0]
-    assert job_ppo_learner is FastPPOLearner
+    assert learners["ppo"] is FastPPOLearner
     assert lines["ppo_off"] == ["training step: RLlib's own (algo.fast_step.enabled=false)"]
     assert lines["mean_std"] == lines["sac"]  # the Learner reads the stored observations
     assert "the Learner connector pipeline is the user's" in lines["own_learner_connector"][0]
