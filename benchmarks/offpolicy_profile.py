@@ -33,7 +33,11 @@ from pathlib import Path
 
 import training_runs
 
-PRESETS = {"tuned_dqn_cartpole": "DQN CartPole", "tuned_sac_pendulum": "SAC Pendulum"}
+PRESETS = {
+    "tuned_dqn_cartpole": "DQN CartPole",
+    "tuned_dqn_acrobot": "DQN Acrobot",
+    "tuned_sac_pendulum": "SAC Pendulum",
+}
 # RLlib's timer of each phase of DQN's training_step (ray.rllib.utils.metrics).
 PHASES = {
     "env_runner_sampling_timer": "sampling",

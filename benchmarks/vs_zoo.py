@@ -66,14 +66,15 @@ PAIRS = {
     "sac_pendulum": Pair(
         "SAC Pendulum", ("experiment=tuned_sac_pendulum",), ("sac", "Pendulum-v1"), -250, 5,
         20_000, "rllib/examples/algorithms/sac/pendulum_sac.py (Zoo's sac.yml: 20,000 steps; "
-        "the runner's preset takes the Zoo's hyperparameters)",
+        "the runner's preset takes the Zoo's hyperparameters, on [128, 128] networks)",
     ),
     "ppo_acrobot": Pair(
         "PPO Acrobot", ("experiment=tuned_ppo_acrobot",), ("ppo", "Acrobot-v1"), -100, 100,
         1_000_000, "gymnasium's Acrobot-v1 reward_threshold; Zoo's ppo.yml budget",
     ),
     "dqn_acrobot": Pair(
-        # The Zoo's dqn.yml values at its replay ratio (conf/tuned/dqn_acrobot.yaml).
+        # The Zoo's dqn.yml values at half its replay ratio, on a [128, 128] network
+        # (conf/tuned/dqn_acrobot.yaml).
         "DQN Acrobot", ("algo=dqn", "env=acrobot"),
         ("dqn", "Acrobot-v1"), -100, 100, 100_000,
         "gymnasium's Acrobot-v1 reward_threshold; Zoo's dqn.yml budget",

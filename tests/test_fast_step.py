@@ -213,15 +213,16 @@ def _linears(net: torch.nn.Module) -> list[tuple[int, int]]:
 
 
 def test_the_sac_preset_has_sb3s_networks_and_rllibs_forward_and_gradients():
-    """The SAC preset's module (runner/sac_module.py) has SB3's networks: each Q
-    [obs, action] 4->256->256->1, the policy 3->256->256->2. Its training forward pass
+    """The SAC preset's module (runner/sac_module.py) has SB3's networks at the preset's
+    width (conf/tuned/sac_pendulum.yaml): each Q [obs, action] 4->128->128->1, the policy
+    3->128->128->2. Its training forward pass
     and the fast Learner's one backward pass give the same outputs, losses and gradients
     as RLlib's forward pass (run on the same module) and RLlib's SAC Learner's backward
     pass per optimizer."""
     _, learner = learner_for("sac")
     module = learner.module[DEFAULT_MODULE_ID]
-    assert _linears(module.qf_encoder) + _linears(module.qf) == [(256, 4), (256, 256), (1, 256)]
-    assert _linears(module.pi_encoder) + _linears(module.pi) == [(256, 3), (256, 256), (2, 256)]
+    assert _linears(module.qf_encoder) + _linears(module.qf) == [(128, 4), (128, 128), (1, 128)]
+    assert _linears(module.pi_encoder) + _linears(module.pi) == [(128, 3), (128, 128), (2, 128)]
     rng = np.random.default_rng(0)
     batch = convert_to_torch_tensor(
         {
