@@ -16,7 +16,7 @@ from runner.errors import ConfigError
     ("env", "preset", "backend", "batch_sizes"),
     [
         ("cartpole", "aot_eager", "aot_eager", [1, 4, 16]),
-        ("breakout", "inductor_default", "inductor", [1, 4]),
+        ("breakout", "inductor_default", "inductor", [4]),
     ],
 )
 def test_inference_bench_writes_its_figures(cli, env, preset, backend, batch_sizes):

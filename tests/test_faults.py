@@ -407,7 +407,7 @@ def test_fast_step_survives_a_killed_env_runner_and_restores_across_steps(tmp_pa
     """DQN on the fast step (runner/fast_step.py) sampling two remote EnvRunners: SIGKILL
     to one, RLlib recreates it and the run finishes, trained throughout. Its checkpoint
     resumed on RLlib's step, and that one's on the fast step again: each continues the
-    count and trains."""
+    count and trains (sampling in the main process: no EnvRunner actors to start)."""
     cli = Cli(
         tmp_path,
         "algo=dqn",
@@ -435,7 +435,7 @@ def test_fast_step_survives_a_killed_env_runner_and_restores_across_steps(tmp_pa
     for name, enabled, last in (("rllib", "false", 11), ("fast_again", "true", 12)):
         resumed = run_cli(
             tmp_path, f"resume={previous}", f"algo.fast_step.enabled={enabled}",
-            f"stop.iterations={last}", run_dir=name,
+            f"stop.iterations={last}", "scaling.num_env_runners=0", run_dir=name,
         )  # fmt: skip
         assert resumed.returncode == 0, resumed.stderr
         assert ("fast off-policy step" in resumed.stdout) == (enabled == "true")
