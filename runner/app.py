@@ -131,8 +131,9 @@ def start_lines(prepared: Prepared, choices: dict[str, Any], cfg: DictConfig) ->
         lines.append(f"experiment: {choices['experiment']}")
     algo = f"conf/algo/{choices.get('algo')}.yaml"
     tuned = settings.tuned
+    changes = f"; changed: {tuned.changes}" if tuned is not None and tuned.changes else ""
     lines.append(
-        f"hyperparameters: {settings.algo.name}, {algo} + {tuned.file} ({tuned.source})"
+        f"hyperparameters: {settings.algo.name}, {algo} + {tuned.file} ({tuned.source}{changes})"
         if tuned is not None
         else f"hyperparameters: {settings.algo.name}, {algo} (no tuned file for "
         f"{choices.get('algo')} on env={option})"

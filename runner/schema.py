@@ -277,11 +277,14 @@ def setting(env: EnvConfig | dict[str, Any]) -> str:
 @dataclass
 class TunedConfig:
     """Which conf/tuned/<algo>_<env>.yaml a run's algo settings came from (the defaults
-    list picks it by the algo and env options), the env id it was tuned for, its source."""
+    list picks it by the algo and env options), the env id it was tuned for, its source,
+    and what it changes from that source that bears on learning (null: nothing), which a
+    run's start line shows beside the source's name so neither is taken for the other."""
 
     file: str = MISSING
     env: str = MISSING
     source: str = MISSING
+    changes: str | None = None
 
 
 @dataclass

@@ -122,24 +122,36 @@ class Watch:
         self._deadline: float | None = None
         self._in_flight = False
         self._done = threading.Event()
+        # Held while the monitor decides to break in and signals, and while an iteration
+        # leaves flight: a break-in lands in the iteration it was decided for, or not at all.
+        self._lock = threading.Lock()
         self._main = threading.get_ident()
+        self._monitor_thread = threading.Thread(
+            target=self._monitor, name="runner-watch", daemon=True
+        )
+        self._alarm_before: Any = signal.SIG_DFL
 
     def __enter__(self) -> Watch:
         if in_main_thread():  # elsewhere (a Tune trial's thread) signals are not ours
             for s in HANDLED:
                 signal.signal(s, self._on_signal)
-            signal.signal(signal.SIGALRM, self._on_alarm)
-        threading.Thread(target=self._monitor, name="runner-watch", daemon=True).start()
+            self._alarm_before = signal.signal(signal.SIGALRM, self._on_alarm)
+        self._monitor_thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        """The monitor ends before SIGALRM's handler is put back: one that decided to
+        break in as the run ended would otherwise send its SIGALRM to the handler before
+        ours (by default, one that kills the process: a notebook's, a test worker's)."""
         global _first_signal
         self._done.set()
-        self._in_flight = False
+        with self._lock:
+            self._in_flight = False
+        self._monitor_thread.join()
         if in_main_thread():
             if self.signum is not None:
                 _first_signal = self.signum
-            signal.signal(signal.SIGALRM, signal.SIG_DFL)
+            signal.signal(signal.SIGALRM, self._alarm_before)
             install_default()
 
     @contextmanager
@@ -154,7 +166,8 @@ class Watch:
         try:
             yield
         finally:
-            self._in_flight = False
+            with self._lock:
+                self._in_flight = False
             self._deadline = None
         self.durations.append(time.monotonic() - start)
 
@@ -169,7 +182,8 @@ class Watch:
         try:
             yield
         finally:
-            self._in_flight = False
+            with self._lock:
+                self._in_flight = False
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         if self.signum is not None:
@@ -185,16 +199,18 @@ class Watch:
     def _on_alarm(self, signum: int, frame: Any) -> None:
         if self.cause is not None and self._in_flight:
             raise KeyboardInterrupt(self.cause)
+        self.cause = None  # the iteration ended first: the watch goes on
 
     def _monitor(self) -> None:
         while not self._done.wait(0.2):
-            if not self._in_flight or self.cause is not None:
-                continue
-            now = time.monotonic()
-            if self.signum is not None and now - self._signal_at > self.grace_seconds:
-                self._break_in("abandoned")
-            elif self._deadline is not None and now > self._deadline:
-                self._break_in("stalled")
+            with self._lock:
+                if not self._in_flight or self.cause is not None:
+                    continue
+                now = time.monotonic()
+                if self.signum is not None and now - self._signal_at > self.grace_seconds:
+                    self._break_in("abandoned")
+                elif self._deadline is not None and now > self._deadline:
+                    self._break_in("stalled")
 
     def _break_in(self, cause: str) -> None:
         """The main thread gets SIGALRM, whose handler raises; another thread (a Tune

@@ -801,6 +801,52 @@ def test_guard_ignores_the_nan_return_of_an_iteration_that_ended_no_episode():
     assert guard.non_finite(counted_nan) == {}
 
 
+# The watchdog's monitor thread decides to break in and, descheduled (simulated: its
+# pthread_kill is delayed 0.5 s, as a loaded machine may delay a thread), signals late,
+# after the iteration it decided for would have ended and the watch closed.
+_LATE_BREAK_IN = """
+import signal, time
+from runner import shutdown
+from runner.schema import WatchdogConfig
+
+real = signal.pthread_kill
+def late(thread, signum):
+    time.sleep(0.5)
+    real(thread, signum)
+signal.pthread_kill = late
+def mine(signum, frame):
+    print("the process's own SIGALRM handler ran")
+signal.signal(signal.SIGALRM, mine)
+watch = shutdown.Watch(30, WatchdogConfig(seconds=0.3), on_abort=lambda signum: None)
+outcome = "finished"
+with watch:
+    try:
+        with watch.iteration():
+            time.sleep(0.45)
+    except KeyboardInterrupt:
+        outcome = watch.cause
+print(outcome, watch.cause, signal.getsignal(signal.SIGALRM) is mine)
+time.sleep(1.0)
+print("alive")
+"""
+
+
+def test_a_late_break_in_lands_in_its_iteration_and_never_after_the_watch():
+    """The break-in lands in the iteration the monitor decided it for (which had passed
+    its bound), or, that iteration ended first, nowhere and claims no stall; the watch
+    closes only after its monitor has ended, with the process's own SIGALRM handler back.
+    Before, the late SIGALRM met the default handler the watch had put back and killed
+    the process (a pytest worker in CI; a notebook running runner.run)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _LATE_BREAK_IN], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+    assert proc.stdout.split("\n")[:2] in (
+        ["stalled stalled True", "alive"],
+        ["finished None True", "alive"],
+    ), proc.stdout
+
+
 def test_stall_bound_is_fixed_or_follows_the_median_iteration():
     config = WatchdogConfig(first_iteration_seconds=900, median_multiple=10, min_seconds=60)
     assert stall_bound(config, []) == 900

@@ -4,6 +4,7 @@ scale=local. The full runs are benchmarks (benchmarks/tuned_experiments.sh), not
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from omegaconf import OmegaConf
 
 import runner
 from runner import CONFIG_DIR, preflight
+from runner.app import start_lines
 from runner.errors import RunnerError
 
 # name: (threshold, env-step budget), as issue 11 and RLlib's examples state them.
@@ -134,6 +136,15 @@ def test_an_algo_and_env_pair_gets_its_tuned_file_and_the_experiment_adds_scale_
     composed = OmegaConf.to_container(compose_config([f"algo={algo}", f"env={env}"]).algo)
     assert _within(written, composed)
     assert plain.warnings == [] or all(pair not in w for w in plain.warnings)
+    # The start line names the source, and what the preset changed from it where it did
+    # (its comment says where: "differs", "but for").
+    tuned = plain.settings.tuned
+    (line,) = [x for x in start_lines(plain, {}, compose_config([])) if "hyperparameters" in x]
+    assert f"({tuned.source}" in line
+    says_it_differs = re.search(r"differs from|but for", path.read_text())
+    assert bool(tuned.changes) == bool(says_it_differs), tuned.changes
+    if tuned.changes:
+        assert line.endswith(f"; changed: {tuned.changes})"), line
     name = TUNED_FILES[pair]
     experiment = prepared([f"experiment={name}"])
     assert experiment.settings.tuned == plain.settings.tuned
