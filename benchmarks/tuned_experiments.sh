@@ -17,7 +17,8 @@ cpus=${NUM_CPUS:-8}
 py=${PYTHON:-python}
 names="main_job tuned_ppo_cartpole tuned_ppo_pendulum tuned_dqn_cartpole tuned_sac_pendulum tuned_ppo_tictactoe
 tuned_appo_cartpole tuned_impala_cartpole tuned_ppo_multi_agent_cartpole tuned_ppo_acrobot
-tuned_ppo_simple_spread tuned_ppo_lunarlander tuned_ppo_mountaincar tuned_dqn_acrobot"
+tuned_ppo_simple_spread tuned_ppo_lunarlander tuned_ppo_mountaincar tuned_dqn_acrobot
+tuned_dqn_mountaincar tuned_dqn_lunarlander"
 for name in $names; do
   if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]]; then
     continue

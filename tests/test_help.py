@@ -109,7 +109,7 @@ def test_tuned_presets_listed_apart_from_reproductions():
     section = _section(page, "experiment")
     tuned = [p for p in _options("experiment") if p.stem.startswith(TUNED)]
     others = [p for p in _options("experiment") if not p.stem.startswith(TUNED)]
-    assert len(tuned) == 14 and len(others) == 48
+    assert len(tuned) == 16 and len(others) == 48
     listed = [line.split()[0] for line in section if line.startswith("    tuned_")]
     assert listed == [p.stem for p in tuned]
     for path in tuned:

@@ -29,6 +29,8 @@ TUNED = {
     "tuned_appo_pong": (18, 10_000_000),
     "tuned_ppo_acrobot": (-91.7, 1_000_000),
     "tuned_dqn_acrobot": (-88.4, 100_000),
+    "tuned_dqn_mountaincar": (-110.8, 120_000),
+    "tuned_dqn_lunarlander": (75.1, 100_000),
     "tuned_ppo_mountaincar": (-129.9, 1_000_000),
     "tuned_ppo_lunarlander": (210.3, 1_000_000),
     # No source states one: the threshold is a random policy's return, measured by the run.
@@ -100,6 +102,8 @@ TUNED_FILES = {
     "ppo_multi_agent_cartpole": "tuned_ppo_multi_agent_cartpole",
     "ppo_acrobot": "tuned_ppo_acrobot",
     "dqn_acrobot": "tuned_dqn_acrobot",
+    "dqn_mountaincar": "tuned_dqn_mountaincar",
+    "dqn_lunarlander": "tuned_dqn_lunarlander",
     "ppo_mountaincar": "tuned_ppo_mountaincar",
     "ppo_lunarlander": "tuned_ppo_lunarlander",
     "ppo_simple_spread": "tuned_ppo_simple_spread",
