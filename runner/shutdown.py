@@ -135,7 +135,9 @@ class Watch:
         if in_main_thread():  # elsewhere (a Tune trial's thread) signals are not ours
             for s in HANDLED:
                 signal.signal(s, self._on_signal)
-            self._alarm_before = signal.signal(signal.SIGALRM, self._on_alarm)
+            # None: a handler not set from Python, which Python cannot put back.
+            before = signal.signal(signal.SIGALRM, self._on_alarm)
+            self._alarm_before = signal.SIG_DFL if before is None else before
         self._monitor_thread.start()
         return self
 
