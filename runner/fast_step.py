@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Iterator
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -115,6 +115,28 @@ class FastUpdates:
         given = timesteps.get(MINIBATCH_TIMESTEPS)
         self._minibatch_timesteps = None if given is None else iter(given)
 
+    def _create_iterator_if_necessary(self, *, training_data: Any, **kwargs: Any) -> Any:
+        """The fast step's K minibatches: contiguous slices of its batch, in order, as
+        RLlib's MiniBatchCyclicIterator gives them for one epoch unshuffled, without that
+        iterator's copy of each one (`concat_samples` of a single slice). Other calls
+        (RLlib's step, PPO's epochs, a batch its minibatches do not divide) get RLlib's."""
+        size, given = kwargs.get("minibatch_size"), training_data.batch
+        if (
+            self._minibatch_timesteps is None
+            or kwargs.get("num_epochs", 1) != 1
+            or not isinstance(given, MultiAgentBatch)
+            or not size
+            or {len(b) % size for b in given.policy_batches.values()} != {0}
+        ):
+            return super()._create_iterator_if_necessary(training_data=training_data, **kwargs)  # type: ignore[misc]  # as above
+        batch = self._make_batch_if_necessary(training_data=training_data)  # type: ignore[attr-defined]  # the Learner's, numpy to tensors
+        for module_id in list(batch.policy_batches):
+            if not self.should_module_be_updated(module_id, batch):  # type: ignore[attr-defined]  # as above
+                del batch.policy_batches[module_id]
+        if len({len(b) for b in batch.policy_batches.values()}) != 1:  # none, or cycled
+            return super()._create_iterator_if_necessary(training_data=training_data, **kwargs)  # type: ignore[misc]  # as above
+        return _in_order(batch, size)
+
     def apply_gradients(self, gradients_dict: dict[Any, Any]) -> None:
         if self._finite_without_extras(gradients_dict):
             for optimizer in self._named_optimizers.values():
@@ -184,6 +206,18 @@ def clip_by_global_norm(
     coefficient = torch.clamp(grad_clip / torch.clamp(total + 1e-6, min=grad_clip), max=1.0)
     torch._foreach_mul_(grads, coefficient)
     return total
+
+
+def _in_order(batch: MultiAgentBatch, size: int) -> Iterator[MultiAgentBatch]:
+    """`batch` in contiguous minibatches of `size` (SampleBatch slices: views, not
+    copies), each standing for the whole batch's env steps, as RLlib's iterator's do."""
+    steps = len(batch)
+    for start in range(0, len(next(iter(batch.policy_batches.values()))), size):
+        parts = {
+            mid: cast(SampleBatch, b[start : start + size])  # a slice of a SampleBatch is one
+            for mid, b in batch.policy_batches.items()
+        }
+        yield MultiAgentBatch(parts, steps)
 
 
 # Adam's settings that choose its implementation, not its arithmetic.

@@ -237,6 +237,7 @@ def test_sigterm_while_scaling_auto_measures_ends_as_a_run_does(tmp_path: Path):
         *TINY,
         "scaling=auto",
         "scaling.auto.seconds=2",
+        "scaling.auto.budget_seconds=600",  # more layouts follow the first, on a slow machine too
         "scaling.auto.vectorize_modes=[sync]",
         f"scaling.auto.cache_dir={tmp_path / 'layouts'}",
         "dry_run=true",
