@@ -72,7 +72,9 @@ def test_tuned_experiment_states_its_pass_criterion(name: str):
 def test_settings_reach_rllib_as_the_examples_set_them():
     dqn = prepared(["experiment=tuned_dqn_cartpole"]).config
     assert dqn.n_step == (2, 5) and dqn.epsilon == [[0, 1.0], [25000, 0.02]]
-    assert dqn.model_config["fcnet_hiddens"] == [256] and dqn.num_envs_per_env_runner == 1
+    assert dqn.model_config["fcnet_hiddens"] == [256] and dqn.num_envs_per_env_runner == 4
+    # What the preset changes (its tuned.changes): SB3's plain DQN head, one update per env step.
+    assert (dqn.double_q, dqn.dueling, dqn.training_intensity) == (False, False, 32)
     sac = prepared(["experiment=tuned_sac_pendulum"]).config  # RL Zoo's, SB3's defaults
     assert (sac.actor_lr, sac.critic_lr, sac.alpha_lr, sac.lr) == (1e-3, 1e-3, 1e-3, None)
     assert sac.num_steps_sampled_before_learning_starts == 100 and sac.n_step == 1
