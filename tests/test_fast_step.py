@@ -345,7 +345,7 @@ def test_the_fast_step_is_the_default_and_says_so():
         elif not name.startswith("ppo"):
             assert not issubclass(job.config.algo_class, FastStep)
     assert "fast off-policy step (16 updates per Learner call" in lines["sac"][0]  # its preset's
-    assert "fast off-policy step (8 updates per Learner call" in lines["dqn"][0]
+    assert "fast off-policy step (32 updates per Learner call" in lines["dqn"][0]  # as SAC
     assert lines["off"] == ["training step: RLlib's own (algo.fast_step.enabled=false)"]
     assert "scaling.num_learners=2" in lines["two_learners"][0]
     assert "replay_buffer_config.type=MultiAgentEpisodeReplayBuffer" in lines["buffer"][0]

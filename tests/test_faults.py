@@ -414,8 +414,11 @@ def test_fast_step_survives_a_killed_env_runner_and_restores_across_steps(tmp_pa
         "algo=dqn",
         "debug=tiny",
         "scaling=runners2",
-        # Enough iterations for RLlib to recreate the EnvRunner (a new process) before
-        # the run ends: the fast step's tiny iterations take well under a second.
+        # RLlib's replay ratio and 8 updates a call, not the CartPole preset's one update
+        # per env step: iterations of well under a second, and enough of them for RLlib to
+        # recreate the EnvRunner (a new process) before the run ends.
+        "algo.training.training_intensity=null",
+        "algo.fast_step.updates_per_call=8",
         "stop.iterations=10",
         "hydra.run.dir=fast",
     )
