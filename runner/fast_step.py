@@ -119,7 +119,8 @@ class FastUpdates:
         """The fast step's K minibatches: contiguous slices of its batch, in order, as
         RLlib's MiniBatchCyclicIterator gives them for one epoch unshuffled, without that
         iterator's copy of each one (`concat_samples` of a single slice). Other calls
-        (RLlib's step, PPO's epochs, a batch its minibatches do not divide) get RLlib's."""
+        (RLlib's step, PPO's epochs, a batch its minibatches do not divide, a module left
+        out of training) get RLlib's. The fast step is single-agent: one module."""
         size, given = kwargs.get("minibatch_size"), training_data.batch
         if (
             self._minibatch_timesteps is None
@@ -127,14 +128,10 @@ class FastUpdates:
             or not isinstance(given, MultiAgentBatch)
             or not size
             or {len(b) % size for b in given.policy_batches.values()} != {0}
+            or not all(self.should_module_be_updated(m, given) for m in given.policy_batches)  # type: ignore[attr-defined]  # the Learner's
         ):
             return super()._create_iterator_if_necessary(training_data=training_data, **kwargs)  # type: ignore[misc]  # as above
         batch = self._make_batch_if_necessary(training_data=training_data)  # type: ignore[attr-defined]  # the Learner's, numpy to tensors
-        for module_id in list(batch.policy_batches):
-            if not self.should_module_be_updated(module_id, batch):  # type: ignore[attr-defined]  # as above
-                del batch.policy_batches[module_id]
-        if len({len(b) for b in batch.policy_batches.values()}) != 1:  # none, or cycled
-            return super()._create_iterator_if_necessary(training_data=training_data, **kwargs)  # type: ignore[misc]  # as above
         return _in_order(batch, size)
 
     def apply_gradients(self, gradients_dict: dict[Any, Any]) -> None:
