@@ -3,23 +3,26 @@ fast step (runner/fast_step.py) side by side: RLlib's timers of each phase of th
 read from the run's progress.csv.
 
 Each preset trains as a fresh `python -m runner experiment=<preset>` process for
-`--iterations` iterations (no check, no checkpoints), once with
+`--iterations` iterations of its own size (RLlib's `min_sample_timesteps_per_iteration`:
+1,000 env steps for DQN, 100 for SAC; no check, no checkpoints), once with
 `algo.fast_step.enabled=false` (RLlib's step) and once with the fast step, `--rounds`
 times, the two alternated (the order swapped each round); `--steps fast` (or `rllib`)
 runs one. Both steps time every phase
-(`timers/*`: the mean seconds per call, smoothed over the calls): sampling from the env,
-adding to and sampling from the replay buffer, the Learner's update, the priorities'
+(`timers/*`: the mean seconds per entry, smoothed over the entries): sampling from the
+env, adding to and sampling from the replay buffer, the Learner's update, the priorities'
 update and the weights' sync to the EnvRunners. RLlib's step makes one gradient update per
-call, the fast one several, so the table gives each phase in milliseconds per gradient
-update (a phase's time per call x calls per iteration / updates per iteration) and its
-share of the step's whole time per update; the phases' sum as a share of it (RLlib smooths
-each timer on its own, so the sum strays from 100 % by the noise; well under 100 %: the
-step's own bookkeeping, metrics and checks, take the rest). Medians over the second half of
+Learner call (as many calls per training-step call as its replay ratio asks), the fast one
+several per call, so the table gives each phase in milliseconds per gradient update (its
+time per entry x entries per iteration / updates per iteration) and its share of the
+step's whole time per update, with the gradient updates per training-step call; the
+phases' sum as a share of it (RLlib smooths each timer on its own, so the sum strays from
+100 % by the noise; well under 100 %: the step's own bookkeeping, metrics and checks,
+take the rest). Medians over the second half of
 each run's iterations (after the buffer's warm-up), then over the rounds, with the range;
 and the runs' env steps and gradient updates per second of training. `--readme
 docs/benchmarks.md` writes the table into that page's `offpolicy-profile` block.
 
-    python benchmarks/offpolicy_profile.py --iterations 30 --rounds 3 --readme docs/benchmarks.md
+    python benchmarks/offpolicy_profile.py --iterations 12 --rounds 3 --readme docs/benchmarks.md
 """
 
 from __future__ import annotations
@@ -47,11 +50,42 @@ PHASES = {
     "replay_buffer_update_prios_timer": "priorities",
     "synch_weights": "weights sync",
 }
+# How often each phase's timer is entered per training-step call on RLlib's step (DQN's,
+# which SAC's runs too): the sampling side `store_weight` times, the update side
+# `sample_and_train_weight` times (its loops, calculate_rr_weights), the sync once.
+SAMPLE_SIDE = ("env_runner_sampling_timer", "replay_buffer_add_data_timer")
+UPDATE_SIDE = (
+    "replay_buffer_sampling_timer",
+    "learner_update_timer",
+    "replay_buffer_update_prios_timer",
+)
 STEP = "training_step"
 # The two training steps: their overrides and their names in the table.
 STEPS = {"rllib": "algo.fast_step.enabled=false", "fast": "algo.fast_step.enabled=true"}
 LABELS = {"rllib": "RLlib's", "fast": "fast"}
 UPDATE = "ms per update"
+
+
+def entries_per_call(preset: str, step: str) -> dict[str, int]:
+    """Each phase's timer entries per training-step call: the fast step enters each once;
+    RLlib's as its loops do for the preset's replay ratio (its own calculate_rr_weights on
+    the AlgorithmConfig the runner builds for the preset)."""
+    if step == "fast":
+        return dict.fromkeys(PHASES, 1)
+    from ray.rllib.algorithms.dqn.dqn import calculate_rr_weights
+
+    from runner import compose
+    from runner.app import prepare
+    from runner.ray_session import quiet_ray
+    from runner.schema import LogLevel
+
+    quiet_ray(LogLevel.ERROR)  # RLlib's notes on the config it builds
+    store, train = calculate_rr_weights(prepare(compose([f"experiment={preset}"])).config)
+    return {
+        **dict.fromkeys(SAMPLE_SIDE, store),
+        **dict.fromkeys(UPDATE_SIDE, train),
+        "synch_weights": 1,
+    }
 
 
 def profile(work: Path, preset: str, step: str, iterations: int) -> dict[str, float]:
@@ -74,11 +108,13 @@ def profile(work: Path, preset: str, step: str, iterations: int) -> dict[str, fl
             "iteration(s): raise --iterations past the replay buffer's warm-up"
         )
     calls = sum(float(r["num_training_step_calls_per_iteration"]) for r in late)
-    per_update = calls / updates
+    entries = {**entries_per_call(preset, step), STEP: 1}
 
     def ms(timer: str) -> float:
         values = [float(r[f"timers/{timer}"]) for r in late if r.get(f"timers/{timer}")]
-        return 1000 * statistics.median(values) * per_update if values else 0.0
+        return (
+            1000 * statistics.median(values) * entries[timer] * calls / updates if values else 0.0
+        )
 
     seconds = sum(float(r["time_this_iter_s"]) for r in late)
     return {
@@ -87,7 +123,7 @@ def profile(work: Path, preset: str, step: str, iterations: int) -> dict[str, fl
         **{timer: ms(timer) for timer in PHASES},
         "env_steps_per_s": summary["env_steps_per_s"],
         "updates_per_s": training_runs.updates(run_dir) / summary["train_seconds"],
-        "updates_per_call": 1 / per_update,
+        "updates_per_call": updates / calls,
     }
 
 
@@ -107,7 +143,7 @@ def table(results: dict[tuple[str, str], list[dict[str, float]]], iterations: in
         "second half, then over the rounds (range); ms per gradient update and share of the "
         "step's time per update).",
         "",
-        "| preset | step | env steps/s | updates/s | updates / call | ms per update | "
+        "| preset | step | env steps/s | updates/s | updates / step call | ms per update | "
         + " | ".join(PHASES.values())
         + " | phases' sum |",
         "|---" * (len(PHASES) + 7) + "|",
@@ -133,7 +169,7 @@ def table(results: dict[tuple[str, str], list[dict[str, float]]], iterations: in
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--iterations", type=int, default=30)
+    parser.add_argument("--iterations", type=int, default=12)
     parser.add_argument("--rounds", type=int, default=1, help="runs per preset and step")
     parser.add_argument("--steps", default=",".join(STEPS), help=f"of {', '.join(STEPS)}")
     parser.add_argument("--presets", default=",".join(PRESETS), help=f"of {', '.join(PRESETS)}")
