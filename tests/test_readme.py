@@ -28,17 +28,16 @@ from pathlib import Path
 
 import cli_call
 import pytest
-from conftest import TINY as TINY_RUN
-from conftest import TINY_BATCH, cli_env
+from conftest import cli_env
 from readme import README, SETUP, Command, commands, python_blocks, setup
 
 ROOT = Path(__file__).resolve().parent.parent
 # `python -m runner <overrides>` with nothing for a shell to do but split the words.
 RUNNER_COMMAND = re.compile(r"python -m runner(\s|$)")
 SHELL_SYNTAX = set("|&;<>$`*?")
-TINY = ("stop.iterations=1",)
-# The shared tiny PPO batch, for commands that train as written.
-SMALL_BATCH = TINY_BATCH
+ONE_ITERATION = ("stop.iterations=1",)
+# The tiny run's settings (conf/debug/), for commands that train as written.
+TINY = ("debug=tiny",)
 
 
 @dataclass(frozen=True)
@@ -79,7 +78,7 @@ WAYS: dict[str, Way] = {
     # Overrides
     "python -m runner algo.training.lr=1e-4 +algo.training.grad_clip=40 "
     "+algo.rl_module.model_config.fcnet_hiddens=[64,64] stop.iterations=2": Way(
-        SMALL_BATCH, expect="done (iterations 2 >= 2)"
+        TINY, expect="done (iterations 2 >= 2)"
     ),
     "python -m runner algo=sac env=pendulum stop.iterations=2": Way(
         expect="done (iterations 2 >= 2)"
@@ -91,7 +90,7 @@ WAYS: dict[str, Way] = {
     ),
     "python -m runner +algo.training.lrr=1": Way(code=2, expect="(did you mean lr?)"),
     "python -m runner check.threshold=450 check.env_steps=300000": Way(
-        ("check.threshold=1", *SMALL_BATCH),
+        ("check.threshold=1", *TINY),
         expect="done (check passed: env_runners/episode_return_mean",
     ),
     "python -m runner debug=tiny algo=dqn": Way(expect="done (iterations 1 >= 1)"),
@@ -99,7 +98,7 @@ WAYS: dict[str, Way] = {
     # docs/bring_your_own.md
     "pip install -e examples/my_rl_pkg": Way(expect="Successfully installed my-rl-pkg"),
     "python -m runner --config-dir examples/my_rl_pkg/conf experiment=corridor_ppo": Way(
-        TINY, expect="done (iterations 1 >= 1)"
+        ONE_ITERATION, expect="done (iterations 1 >= 1)"
     ),
     # Planned, its RLModule built: tests/test_bring_your_own.py trains the package's env
     # on a remote EnvRunner, and tests/test_env_wrappers.py the MiniGrid example.
@@ -113,28 +112,28 @@ WAYS: dict[str, Way] = {
     # tests/test_observations.py.
     "python -m runner env.id=minigrid:MiniGrid-Empty-5x5-v0 "
     "'env.wrappers=[minigrid.wrappers:ImgObsWrapper]' scaling.num_env_runners=1": Way(
-        (*SMALL_BATCH, "stop.iterations=2"), expect="done (iterations 2 >= 2)"
+        (*TINY, "stop.iterations=2"), expect="done (iterations 2 >= 2)"
     ),
     # Pong's CNN (Atari at more scale: tests/test_tuned.py): an ALE id named alone takes
     # env=atari (one iteration); the README's runs its 2 iterations, its own budget, which
     # no default stop.seconds cuts (a small batch: the same iterations, sooner).
     "python -m runner env.id=ALE/Pong-v5 stop.iterations=2": Way(
-        (*SMALL_BATCH, "stop.iterations=1"), expect="done (iterations 1 >= 1)"
+        (*TINY, "stop.iterations=1"), expect="done (iterations 1 >= 1)"
     ),
     "python -m runner env=atari env.id=ALE/Pong-v5 stop.iterations=2": Way(
-        SMALL_BATCH, expect="done (iterations 2 >= 2)", absent="(default)"
+        TINY, expect="done (iterations 2 >= 2)", absent="(default)"
     ),
     # Action masks (tests/test_masks.py: the masks honoured, the win rate logged); the
     # preset's 5 seeds: docs/tuned.md.
     "python -m runner env=tictactoe stop.iterations=2": Way(
-        SMALL_BATCH, expect="done (iterations 2 >= 2)"
+        TINY, expect="done (iterations 2 >= 2)"
     ),
     "python -m runner experiment=tuned_ppo_tictactoe": Way(
         ("dry_run=true",), expect="dry run: nothing started"
     ),
     "python -m runner env.framestack=4 "
     "'env.wrappers=[{_target_:gymnasium.wrappers.TimeLimit,max_episode_steps:200}]' "
-    "stop.iterations=2": Way(SMALL_BATCH, expect="done (iterations 2 >= 2)"),
+    "stop.iterations=2": Way(TINY, expect="done (iterations 2 >= 2)"),
     # Trained for two iterations by tests/test_bring_your_own.py.
     "python -m runner experiment=tuned_ppo_multi_agent_cartpole": Way(
         ("dry_run=true",), expect="dry run: nothing started"
@@ -145,10 +144,10 @@ WAYS: dict[str, Way] = {
         expect="hyperparameters: DQN, conf/algo/dqn.yaml + conf/tuned/dqn_cartpole.yaml",
     ),
     "python -m runner experiment=tuned_dqn_cartpole": Way(
-        (*TINY, "check.threshold=1"), expect="done (check passed"
+        (*ONE_ITERATION, "check.threshold=1"), expect="done (check passed"
     ),
     "python -m runner experiment=tuned_sac_pendulum": Way(
-        (*TINY, "check.enabled=false"), expect="done (iterations 1 >= 1)"
+        (*ONE_ITERATION, "check.enabled=false"), expect="done (iterations 1 >= 1)"
     ),
     # Their runs: docs/tuned.md; reward scaling trains in tests/test_reward_scaling.py.
     "python -m runner experiment=tuned_ppo_acrobot": Way(
@@ -196,7 +195,7 @@ WAYS: dict[str, Way] = {
     # docs/compile.md
     "python -m runner compile=inductor_default "
     "'compile.cache_dir=\"~/.cache/rllib-runner/inductor\"' stop.iterations=2": Way(
-        SMALL_BATCH,
+        TINY,
         expect="compile inductor/default: took effect on 1/1 EnvRunner(s) and 1/1 Learner(s)",
     ),
     # Planned: tests/test_compile.py trains it (the remote EnvRunner's session rebuilt with
@@ -281,7 +280,7 @@ WAYS: dict[str, Way] = {
         ("dry_run=true",), expect="dry run: 4 jobs, 0 invalid"
     ),
     "python -m runner -m compile=none,eager stop.iterations=2 "
-    "hydra.sweep.dir=outputs/my_sweep": Way(SMALL_BATCH, expect="sweep: 2 jobs, 0 failed"),
+    "hydra.sweep.dir=outputs/my_sweep": Way(TINY, expect="sweep: 2 jobs, 0 failed"),
     "python -m runner -m hardware=cpu,a100 scaling.num_env_runners=1,2 dry_run=true": Way(
         expect="dry run: 4 jobs, 0 invalid"
     ),
@@ -294,27 +293,25 @@ WAYS: dict[str, Way] = {
     # other Ray test runs (the block's `ray stop` would stop their Rays). The parallel jobs
     # sample in their drivers: placement is the run's above (and tests/test_cluster.py's).
     "python -m runner ray.address=auto scaling.num_env_runners=6 stop.iterations=1": Way(
-        (*SMALL_BATCH, "scaling.num_env_runners=1"), expect="done (iterations 1 >= 1)", own_ray=True
+        (*TINY, "scaling.num_env_runners=1"), expect="done (iterations 1 >= 1)", own_ray=True
     ),
     "python -m runner -m hydra/launcher=joblib hydra.launcher.n_jobs=2 ray.address=auto "
     "compile=none,eager scaling.num_env_runners=2 stop.iterations=1": Way(
-        (*SMALL_BATCH, "scaling.num_env_runners=0"), expect="sweep: 2 jobs, 0 failed", own_ray=True
+        (*TINY, "scaling.num_env_runners=0"), expect="sweep: 2 jobs, 0 failed", own_ray=True
     ),
     "ray stop": Way(expect="Stopped", own_ray=True),
     # docs/cluster.md, Ray Jobs (run by tests/test_ray_jobs.py, whose head of its own, on
     # ports of its own, stands in for the page's `ray start`; run dirs go to a temp dir).
     "ray start --head --include-dashboard=true": Way(expect="Ray runtime started"),
     "ray job submit --working-dir . -- python -m runner scaling.num_env_runners=1 "
-    "stop.iterations=2 hydra.run.dir=/tmp/rllib-runner/job": Way(SMALL_BATCH, expect="succeeded"),
+    "stop.iterations=2 hydra.run.dir=/tmp/rllib-runner/job": Way(TINY, expect="succeeded"),
     "ray job submit --working-dir . -- python -m runner -m seed=1,2 stop.iterations=1 "
-    "hydra.sweep.dir=/tmp/rllib-runner/job_sweep": Way(
-        SMALL_BATCH, expect="sweep: 2 jobs, 0 failed"
-    ),
+    "hydra.sweep.dir=/tmp/rllib-runner/job_sweep": Way(TINY, expect="sweep: 2 jobs, 0 failed"),
     # docs/cluster.md, Results in object storage (run by tests/test_results_uri.py against
     # a local S3 server, with a bucket it makes; the last three in a dir of their own).
     "python -m runner results.uri=s3://my-bucket/rllib checkpoint.every=1 stop.iterations=2 "
     "hydra.run.dir=outputs/runs/first": Way(
-        (*TINY_RUN, "scaling.num_env_runners=0"), expect="results mirrored to"
+        ("debug=tiny", "scaling.num_env_runners=0"), expect="results mirrored to"
     ),
     "python -m runner resume=s3://my-bucket/rllib/outputs/runs/first check.threshold=150 "
     "check.env_steps=100000 hydra.run.dir=outputs/runs/resumed": Way(
@@ -337,7 +334,7 @@ WAYS: dict[str, Way] = {
     # Results and resume
     # The resumed run composes these overrides, the small batch with them.
     "python -m runner stop.iterations=2 hydra.run.dir=outputs/my_run": Way(
-        SMALL_BATCH, expect="done (iterations 2 >= 2)"
+        TINY, expect="done (iterations 2 >= 2)"
     ),
     "python -m runner resume=outputs/my_run stop.iterations=3": Way(
         expect="done (iterations 3 >= 3)"
@@ -346,7 +343,7 @@ WAYS: dict[str, Way] = {
     # Use what you trained (run by tests/test_use_trained.py, which checks what each wrote):
     # two small iterations, a video after the second; two remote evaluation EnvRunners.
     "python -m runner record.every=10 hydra.run.dir=outputs/cartpole": Way(
-        (*SMALL_BATCH, "stop.iterations=2", "record.every=2"), expect="iterations 2 >= 2"
+        (*TINY, "stop.iterations=2", "record.every=2"), expect="iterations 2 >= 2"
     ),
     "python -m runner task=evaluate checkpoint=outputs/cartpole task.episodes=20 "
     "hydra.run.dir=outputs/cartpole_eval": Way(
@@ -377,7 +374,7 @@ WAYS: dict[str, Way] = {
     # the best evaluated checkpoint kept; a video at the end, for W&B.
     "python -m runner 'logger=[mlflow,wandb]' logger.wandb.mode=offline eval.every=5 "
     "eval.episodes=10 hydra.run.dir=outputs/tracked": Way(
-        (*SMALL_BATCH, "stop.iterations=4", "eval.every=1", "eval.episodes=2")
+        (*TINY, "stop.iterations=4", "eval.every=1", "eval.episodes=2")
         + ("checkpoint.every=1", "checkpoint.keep=1", "record.every=4"),
         expect="done (iterations 4 >= 4)",
     ),
@@ -386,7 +383,7 @@ WAYS: dict[str, Way] = {
         ("task.episodes=2",), expect="evaluated 2 episodes (greedy)"
     ),
     "python -m runner -m 'logger=[mlflow,wandb]' logger.wandb.mode=offline seed=1,2": Way(
-        (*SMALL_BATCH, "stop.iterations=2", "hydra.sweep.dir=outputs/tracked_sweep"),
+        (*TINY, "stop.iterations=2", "hydra.sweep.dir=outputs/tracked_sweep"),
         expect="sweep: 2 jobs, 0 failed",
     ),
     # docs/benchmarks.md, Against RL Baselines3 Zoo: one pair, one seed, each side stopped
@@ -403,7 +400,7 @@ WAYS: dict[str, Way] = {
         own_ray=True,
     ),
     # docs/benchmarks.md, Off-policy throughput: one preset on one step, two iterations.
-    "python benchmarks/offpolicy_profile.py --iterations 30 --rounds 3 "
+    "python benchmarks/offpolicy_profile.py --iterations 12 --rounds 3 "
     "--readme docs/benchmarks.md": Way(
         ("--iterations", "2", "--presets", "tuned_sac_pendulum", "--steps", "fast"),
         expect="refreshed docs/benchmarks.md",
@@ -493,6 +490,14 @@ def test_first_screen_goes_from_install_to_search():
     for c in tour:
         assert RUNS[c.text].line > c.line, f"shown on the first screen alone: {c.text}"
     assert "```text" in "\n".join(README.read_text().splitlines()[:FIRST_SCREEN])
+
+
+def test_readme_stays_a_readme():
+    """The README's budget: 300 lines, the rest in docs/ (each page linked from it)."""
+    text = README.read_text()
+    assert len(text.splitlines()) <= 300, "README.md is over 300 lines: move detail to docs/"
+    pages = sorted(p.name for p in (README.parent / "docs").glob("*.md"))
+    assert [p for p in pages if f"docs/{p}" not in text] == []
 
 
 @pytest.mark.slow
