@@ -50,15 +50,6 @@ register_configs()
 if TYPE_CHECKING:
     from runner.app import Prepared
 
-# The one tiny-run setting: a PPO batch a 2-core CPU gets through in about a second...
-TINY_BATCH = (
-    "algo.training.train_batch_size_per_learner=400",
-    "algo.training.minibatch_size=128",
-    "algo.training.num_epochs=1",
-)
-# ...two envs per EnvRunner, and no stop at a return (a test's own stop.* decides).
-TINY = [*TINY_BATCH, "scaling.num_envs_per_env_runner=2", "stop.episode_return_mean=null"]
-
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """`-n auto`: one worker per core, and one more when the slow tests run. They wait on

@@ -9,7 +9,7 @@ import pickle
 from pathlib import Path
 
 import pytest
-from conftest import TINY, CliResult, compose_config, prepared, run_cli
+from conftest import CliResult, compose_config, prepared, run_cli
 from ray.rllib.connectors.env_to_module import MeanStdFilter
 
 from runner import preflight
@@ -18,7 +18,7 @@ from runner.user_code import ConnectorFactory, PolicyTable, locate
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "my_rl_pkg"
-SMALL = [*TINY, "stop.iterations=2", "checkpoint.at_end=false"]
+SMALL = ["debug=tiny", "stop.iterations=2", "checkpoint.at_end=false"]
 
 
 def run_with_package(cwd: Path, *args: str) -> CliResult:
@@ -65,7 +65,7 @@ def test_a_run_callback_of_the_users_stops_the_run_and_writes_its_file(tmp_path:
     kept), and its on_end writes its file into the run dir."""
     result = run_with_package(
         tmp_path,
-        *TINY,
+        "debug=tiny",
         "stop.iterations=5",
         "callbacks=[{_target_:my_rl_pkg.callbacks.Plateau,patience:1,min_delta:1000}]",
     )

@@ -7,7 +7,7 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import TINY, prepared
+from conftest import prepared
 
 from runner.check import Check
 from runner.envs import make_env, random_returns
@@ -68,7 +68,7 @@ def test_a_check_on_evaluation_reads_the_evaluation_during_training():
 
 @pytest.mark.slow  # it trains (the fast subset's only Ray start)
 def test_a_run_that_passes_its_check_stops_and_exits_0(cli):
-    result = cli(*TINY, "check.threshold=1", "check.env_steps=100000", "stop.iterations=5")
+    result = cli("debug=tiny", "check.threshold=1", "check.env_steps=100000", "stop.iterations=5")
     assert result.returncode == 0, result.stderr
     summary = result.json("summary.json")
     assert summary["stop_reason"].startswith("check passed")
@@ -79,7 +79,13 @@ def test_a_run_that_passes_its_check_stops_and_exits_0(cli):
 
 @pytest.mark.slow
 def test_a_run_that_misses_its_check_exits_1_in_one_line(cli):
-    result = cli(*TINY, "check.threshold=100000", "check.env_steps=800", "checkpoint.every=0")
+    result = cli(
+        "debug=tiny",
+        "stop.iterations=null",  # the check's budget stops it
+        "check.threshold=100000",
+        "check.env_steps=800",
+        "checkpoint.every=0",
+    )
     assert result.returncode == 1, result.stderr
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith(f"error: check failed: {METRIC} best ")

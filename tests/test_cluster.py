@@ -9,14 +9,13 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import TINY_BATCH, run_cli
+from conftest import run_cli
 from ray.cluster_utils import Cluster
 
 # One env per EnvRunner here: three EnvRunners on a 1-CPU head and a 2-CPU worker.
 ONE_ITERATION = [
-    *TINY_BATCH,
+    "debug=tiny",
     "scaling.num_envs_per_env_runner=1",
-    "stop.iterations=1",
     "checkpoint.at_end=false",
 ]
 

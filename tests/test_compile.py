@@ -5,7 +5,6 @@ from __future__ import annotations
 import gymnasium as gym
 import pytest
 import torch
-from conftest import TINY
 from ray.rllib.algorithms.ppo import PPOConfig
 from ray.rllib.core.columns import Columns
 from torch._dynamo.callback import CallbackTrigger, callback_handler
@@ -25,7 +24,7 @@ def components(summary: dict) -> dict[str, dict]:
 @pytest.mark.slow
 @pytest.mark.parametrize("preset", ["inductor_default"])  # aot_eager: the complete_update test
 def test_compile_takes_effect_on_env_runner_and_learner(cli, preset):
-    result = cli(*TINY, "stop.iterations=3", f"compile={preset}")
+    result = cli("debug=tiny", "stop.iterations=3", f"compile={preset}")
     assert result.returncode == 0, result.stderr
     summary = result.json("summary.json")
     parts = components(summary)
@@ -49,7 +48,7 @@ def test_remote_env_runner_and_remote_learner_compile(cli):
     compile=none's zero frames: tests/test_faults.py.) reduce-overhead on these CPU modules:
     inductor compiles them and skips CUDA graphs, and each component says so."""
     overrides = ["scaling.num_env_runners=1", "scaling.num_learners=1", "compile=inductor_ro"]
-    result = cli(*TINY, "stop.iterations=2", *overrides)
+    result = cli("debug=tiny", "stop.iterations=2", *overrides)
     assert result.returncode == 0, result.stderr
     parts = components(result.json("summary.json"))
     main_pid = parts["env_runner/0"]["pid"]
@@ -71,7 +70,9 @@ def test_remote_env_runner_and_remote_learner_compile(cli):
 def test_onnxrt_on_env_runners_matches_eager_after_weight_syncs(cli):
     """docs/compile.md's onnxrt command (planned by the page's test): a remote EnvRunner's
     session, rebuilt with the weights each sync brings."""
-    result = cli(*TINY, "stop.iterations=3", "compile=onnxrt_default", "scaling.num_env_runners=1")
+    result = cli(
+        "debug=tiny", "stop.iterations=3", "compile=onnxrt_default", "scaling.num_env_runners=1"
+    )
     assert result.returncode == 0, result.stderr
     assert "onnxrt session rebuilds after weight syncs" in result.stdout
     parts = components(result.json("summary.json"))
@@ -86,7 +87,7 @@ def test_onnxrt_on_env_runners_matches_eager_after_weight_syncs(cli):
 @pytest.mark.slow
 def test_complete_update_compiles_the_learner_update(cli):
     result = cli(
-        *TINY,
+        "debug=tiny",
         "stop.iterations=3",
         "compile=aot_eager",
         "compile.env_runners=false",

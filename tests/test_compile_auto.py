@@ -8,7 +8,7 @@ import csv
 from pathlib import Path
 
 import pytest
-from conftest import TINY, prepared, run_cli
+from conftest import prepared, run_cli
 
 from runner.compile import auto
 
@@ -26,7 +26,7 @@ def figures(entry: dict) -> list[tuple]:
 def test_autotune_then_compile_auto_reuses_its_measurement_then_refreshes(tmp_path: Path):
     env = {"PYTHONPATH": str(TESTS)}
     common = [
-        *TINY,
+        "debug=tiny",
         "+algo.rl_module.rl_module_spec._target_=ray.rllib.core.rl_module.RLModuleSpec",
         "+algo.rl_module.rl_module_spec.module_class=exotic_module:ErfinvPPOModule",
         f"compile.auto.candidates=[{','.join(CANDIDATES)}]",

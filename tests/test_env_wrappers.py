@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import TINY, prepared
+from conftest import prepared
 from ray.rllib.core import Columns
 from ray.rllib.core.rl_module import RLModule
 from ray.rllib.env.wrappers.pettingzoo_env import ParallelPettingZooEnv, PettingZooEnv
@@ -55,7 +55,7 @@ def test_a_remote_env_runner_builds_the_wrapped_stacked_env(tmp_path: Path, monk
     monkeypatch.chdir(tmp_path)
     summary = runner.run(
         [
-            *TINY,
+            "debug=tiny",
             WRAPPERS,
             "env.framestack=3",
             "scaling.num_env_runners=1",
@@ -82,7 +82,7 @@ def test_a_multi_agent_env_gets_a_policy_per_agent_or_one_shared():
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [
-        (["algo=ppo", "env.policies=per_agent", *TINY, "stop.iterations=2"], {"0", "1"}),
+        (["algo=ppo", "env.policies=per_agent", "debug=tiny", "stop.iterations=2"], {"0", "1"}),
         # debug=tiny's APPO iteration (at least 1 s) ends episodes: one will do.
         (["debug=tiny", "algo=appo", "env.policies=shared"], {"shared"}),
     ],
@@ -126,7 +126,7 @@ def test_a_pettingzoo_game_trains_per_agent_and_shared_and_evaluates(tmp_path: P
     # Checked against a random policy (10 episodes), its threshold 10 std below its mean.
     baseline = ["check.baseline=random", "check.baseline_episodes=10", "check.baseline_stds=-10"]
     per_agent = runner.run(
-        [*game, *TINY, *baseline, "env.policies=per_agent", "hydra.run.dir=per_agent"]
+        [*game, "debug=tiny", *baseline, "env.policies=per_agent", "hydra.run.dir=per_agent"]
     )
     assert per_agent["status"] == "finished"
     check = per_agent["check"]
@@ -155,10 +155,9 @@ def test_minigrid_trains_with_its_wrappers_from_yaml_alone(tmp_path: Path, monke
     monkeypatch.chdir(tmp_path)
     summary = runner.run(
         [
-            *TINY,
+            "debug=tiny",
             "experiment=minigrid_empty_ppo",
             "check.enabled=false",
-            "stop.iterations=1",
             "hydra.run.dir=run",
         ],
         config_dir=str(example),
@@ -171,7 +170,7 @@ def test_minigrid_trains_with_its_wrappers_from_yaml_alone(tmp_path: Path, monke
     assert any(isinstance(m, torch.nn.Conv2d) for m in module.modules())
     with pytest.raises(ConfigError, match="No default encoder config"):
         runner.run(
-            [*TINY, "experiment=minigrid_empty_ppo", "env.wrappers=[]", "dry_run=true"],
+            ["debug=tiny", "experiment=minigrid_empty_ppo", "env.wrappers=[]", "dry_run=true"],
             config_dir=str(example),
         )
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import cli_call
 import pytest
 import ray
-from conftest import TINY, cli_env, run_cli
+from conftest import cli_env, run_cli
 from ray.rllib.algorithms.ppo import PPOConfig
 
 from runner import guard
@@ -37,7 +37,7 @@ FAULTY_ENV = ("env.entry_point=faulty_env:FaultyCartPole",)
 WITH_TESTS = {"PYTHONPATH": str(TESTS)}  # the runs import faulty_env from here
 # A tiny local run whose rewards turn NaN at step 250 of each env copy (iteration 2).
 NAN_AT_250 = (
-    *TINY,
+    "debug=tiny",
     *FAULTY_ENV,
     "+env.env_config.nan_at_step=250",
     "scaling.num_env_runners=0",
@@ -140,7 +140,7 @@ def test_sigterm_keeps_the_last_iteration_and_resume_continues(tmp_path: Path, c
     """Kubernetes' preemption: SIGTERM mid-run, with a remote EnvRunner."""
     cli = Cli(
         tmp_path,
-        *TINY,
+        "debug=tiny",
         "scaling.num_env_runners=1",
         "stop.iterations=50",
         "checkpoint.every=1",
@@ -234,7 +234,7 @@ def test_sigterm_while_scaling_auto_measures_ends_as_a_run_does(tmp_path: Path):
     Ray, as a run in a Ray job does: ray.init sets that handler there too."""
     cli = Cli(
         tmp_path,
-        *TINY,
+        "debug=tiny",
         "scaling=auto",
         "scaling.auto.seconds=2",
         "scaling.auto.budget_seconds=600",  # more layouts follow the first, on a slow machine too
@@ -263,7 +263,7 @@ def test_second_signal_aborts_at_once_and_leaves_whole_files(tmp_path: Path):
     runs its handler reach it as one."""
     cli = Cli(
         tmp_path,
-        *TINY,
+        "debug=tiny",
         *FAULTY_ENV,
         "+env.env_config.step_seconds=0.015",
         "algo.training.train_batch_size_per_learner=200",
@@ -321,7 +321,7 @@ def test_iteration_that_outlives_the_grace_is_abandoned(tmp_path: Path):
     iteration in flight, and the checkpoint of the last finished one stays the newest."""
     cli = Cli(
         tmp_path,
-        *TINY,
+        "debug=tiny",
         *FAULTY_ENV,
         "+env.env_config.step_seconds=0.015",
         "algo.training.train_batch_size_per_learner=200",
@@ -359,7 +359,7 @@ def test_killed_env_runner_is_recreated_and_recompiled_from_the_shared_cache(tmp
     cache = tmp_path / "inductor_cache"
     cli = Cli(
         tmp_path,
-        *TINY,
+        "debug=tiny",
         "scaling=runners2",
         "scaling.num_envs_per_env_runner=2",
         "compile=inductor_default",
@@ -455,7 +455,7 @@ def test_fast_step_survives_a_killed_env_runner_and_restores_across_steps(tmp_pa
 def test_killed_learner_fails_the_run_and_keeps_the_checkpoints(tmp_path: Path):
     cli = Cli(
         tmp_path,
-        *TINY,
+        "debug=tiny",
         "scaling.num_learners=1",
         "stop.iterations=50",
         "checkpoint.every=1",
@@ -570,7 +570,7 @@ def test_stall_stops_with_what_ray_waits_for(tmp_path: Path):
     before = set(threading.enumerate())
     result = run_cli(
         tmp_path,
-        *TINY,
+        "debug=tiny",
         "scaling.num_env_runners=3",
         "ray.num_cpus=2",
         "preflight.strict=false",
@@ -601,9 +601,7 @@ def test_a_hung_evaluation_is_ended_by_the_watchdog_with_the_cause_in_its_record
     """task=evaluate is watched as a training is: its evaluation EnvRunner's env hangs in
     its first step (a step of 10 minutes), and the watchdog ends the job within seconds,
     exit code 1, the stall and what Ray waits for in one line and in summary.json."""
-    trained = run_cli(
-        tmp_path, *TINY, *FAULTY_ENV, "stop.iterations=1", env=WITH_TESTS, run_dir="trained"
-    )
+    trained = run_cli(tmp_path, "debug=tiny", *FAULTY_ENV, env=WITH_TESTS, run_dir="trained")
     assert trained.returncode == 0, trained.stderr
     hung = run_cli(
         tmp_path,
@@ -633,7 +631,7 @@ def test_sweep_interrupted_in_its_second_job_continues_it(tmp_path: Path):
     args = (
         "-m",
         "seed=0,1",
-        *TINY,
+        "debug=tiny",
         "scaling.num_env_runners=1",
         "stop.iterations=4",
         "checkpoint.every=1",
@@ -970,7 +968,7 @@ def test_an_env_runner_that_fails_every_time_fails_the_run_in_one_line(crash: st
     setting, cause, rule = ENV_RUNNER_CRASHES[crash]
     result = run_cli(
         tmp_path,
-        *TINY,
+        "debug=tiny",
         "env.entry_point=faulty_env:FaultyCartPole",  # no env.id=null: env=custom is taken
         setting,
         "scaling.num_env_runners=1",

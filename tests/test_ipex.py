@@ -6,13 +6,12 @@ Selected with `-m ipex`; the main lane (torch 2.13, where IPEX cannot import) de
 from __future__ import annotations
 
 import pytest
-from conftest import TINY
 
 pytestmark = pytest.mark.ipex
 
 
 def test_ipex_compiles_env_runner_and_learner_and_matches_eager(cli):
-    result = cli(*TINY, "stop.iterations=3", "compile=ipex_default")
+    result = cli("debug=tiny", "stop.iterations=3", "compile=ipex_default")
     assert result.returncode == 0, result.stderr
     compile_summary = result.json("summary.json")["compile"]
     parts = {c["component"]: c for c in compile_summary["components"]}

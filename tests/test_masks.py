@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import TINY, prepared, run_cli
+from conftest import prepared, run_cli
 from ray.rllib.core.columns import Columns
 
 from runner.algorithm_config import build_module
@@ -106,7 +106,9 @@ def test_tictactoe_plays_main_against_random_legal_moves_in_every_seat():
 @pytest.mark.slow
 def test_a_masked_env_trains_without_ever_stepping_a_masked_action(tmp_path: Path):
     """The env raises on a masked action: one taken would fail the run."""
-    ran = run_cli(tmp_path, *MASKED, *TINY, "stop.iterations=2", env={"PYTHONPATH": str(TESTS)})
+    ran = run_cli(
+        tmp_path, *MASKED, "debug=tiny", "stop.iterations=2", env={"PYTHONPATH": str(TESTS)}
+    )
     assert ran.returncode == 0, ran.stderr
     summary = ran.json("summary.json")
     assert summary["status"] == "finished" and summary["env_steps"] >= 800
@@ -115,7 +117,9 @@ def test_a_masked_env_trains_without_ever_stepping_a_masked_action(tmp_path: Pat
 
 @pytest.mark.slow
 def test_tictactoe_trains_from_yaml_and_logs_mains_win_rate(tmp_path: Path):
-    ran = run_cli(tmp_path, *TICTACTOE, *TINY, "stop.iterations=2", "scaling.num_env_runners=1")
+    ran = run_cli(
+        tmp_path, *TICTACTOE, "debug=tiny", "stop.iterations=2", "scaling.num_env_runners=1"
+    )
     assert ran.returncode == 0, ran.stderr
     rows = ran.jsonl("metrics.jsonl")
     win, loss = (rows[-1]["metrics"][f"env_runners/{k}"] for k in ("win_rate", "loss_rate"))

@@ -22,7 +22,7 @@ from typing import Any
 
 import boto3
 import pytest
-from conftest import TINY, cli_env, run_cli
+from conftest import cli_env, run_cli
 from readme import commands
 from test_readme import WAYS
 
@@ -34,7 +34,7 @@ from runner.results.remote import Mirror, Pulled
 SECTION = "Results in object storage"  # docs/cluster.md
 BUCKET, PREFIX = "my-bucket", "rllib"
 URI = f"s3://{BUCKET}/{PREFIX}"
-TINY_LOCAL = (*TINY, "scaling.num_env_runners=0")
+TINY_LOCAL = ("debug=tiny", "scaling.num_env_runners=0")
 
 
 def _free_port() -> int:

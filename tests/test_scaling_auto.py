@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import TINY, prepared, run_cli
+from conftest import prepared, run_cli
 
 from runner import scaling_auto
 from runner.machine import local_resources
@@ -18,7 +18,7 @@ from runner.scaling_auto import Layout
 
 # 64 EnvRunners fit no machine the tests run on: the series that asks for them stops there.
 COMMON = [
-    *TINY,
+    "debug=tiny",
     "scaling=auto",
     "scaling.auto.seconds=0.3",
     "scaling.auto.env_runners=[0,1,64]",
@@ -44,7 +44,7 @@ def test_a_dry_run_measures_and_shows_the_choice_and_a_run_trains_with_it(tmp_pa
     [cache_file] = (tmp_path / "layouts").glob("layouts-*.json")
     rows = json.loads(cache_file.read_text())["rows"]
     measured = [r for r in rows if r["status"] == "measured"]
-    # The configured layout (TINY: 2 envs in the main process) first, then each series.
+    # The configured layout (debug=tiny: 2 envs in the main process) first, then each series.
     assert layout(measured[0]) == Layout(0, 2, "sync")
     assert all(r["env_steps_per_s"] > 0 and r["rounds"] >= 2 for r in measured)
     assert {r["num_env_runners"] for r in measured} == {0, 1}

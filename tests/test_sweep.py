@@ -9,17 +9,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import TINY, CliResult, run_cli
+from conftest import CliResult, run_cli
 from scipy import stats
 
 from runner import report, sweep
 
 # One iteration of a few hundred steps: a job takes seconds.
-JOB = [
-    *(o for o in TINY if not o.startswith("scaling.")),
-    "stop.iterations=1",
-    "checkpoint.at_end=false",
-]
+JOB = ["debug=tiny", "checkpoint.at_end=false"]
 
 
 def run_sweep(cwd: Path, *overrides: str, sweep_dir: str = "sweep", **kwargs) -> CliResult:

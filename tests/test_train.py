@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import TINY
 
 import runner
 from runner.callbacks import print_row
@@ -108,7 +107,12 @@ def test_the_start_says_what_the_run_is_and_what_ends_it(tmp_path: Path, monkeyp
 def test_same_seed_without_env_runner_actors_gives_identical_metrics(cli):
     """num_env_runners=0: sampling and learning in one process, so a seed fixes every
     figure of the first iterations (the README says what is not deterministic)."""
-    common = (*TINY, "scaling.num_env_runners=0", "stop.iterations=2", "checkpoint.at_end=false")
+    common = (
+        "debug=tiny",
+        "scaling.num_env_runners=0",
+        "stop.iterations=2",
+        "checkpoint.at_end=false",
+    )
     first = cli(*common, "seed=3", "verbose=true", run_dir="a")
     second = cli(*common, "seed=3", run_dir="b")
     other = cli(*common, "seed=4", run_dir="c")

@@ -21,7 +21,7 @@ import onnxruntime as ort
 import pytest
 import torch
 from cli_call import call
-from conftest import TINY, run_cli
+from conftest import run_cli
 from ray.rllib.algorithms.dqn import DQNConfig
 from ray.rllib.core.columns import Columns
 from readme import commands, python_blocks
@@ -36,13 +36,7 @@ README_SECTION = "Use what you trained"
 FAULTY = "faulty_env:FaultyCartPole"  # made without a render mode: it draws no frames
 WITH_TESTS = {"PYTHONPATH": str(TESTS)}  # faulty_env and exotic_module are imported from here
 # SAC on Pendulum, small enough for a few seconds an iteration: learning starts at once.
-TINY_SAC = (
-    "algo=sac",
-    "env=pendulum",
-    "algo.training.num_steps_sampled_before_learning_starts=0",
-    "+algo.reporting.min_sample_timesteps_per_iteration=200",
-    "stop.episode_return_mean=null",
-)
+TINY_SAC = ("algo=sac", "env=pendulum", "debug=tiny")
 
 
 def _train(tmp_path_factory, name: str, *overrides: str) -> Path:
@@ -228,7 +222,7 @@ def exotic(tmp_path_factory) -> Path:
     return _train(
         tmp_path_factory,
         "exotic",
-        *TINY,
+        "debug=tiny",
         "stop.iterations=1",
         "scaling.num_env_runners=0",
         "+algo.rl_module.rl_module_spec._target_=ray.rllib.core.rl_module.RLModuleSpec",
