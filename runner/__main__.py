@@ -84,6 +84,7 @@ def _app(cfg: DictConfig) -> None:
             startup=startup,
         )
         totals = run(job, start, carry_on)
+        totals.pop("summary", None)  # summary.json: in the run dir
     except KeyboardInterrupt as ex:  # a signal (Ray's calls give up on nothing else)
         keep_ray = False
         stop = interrupted(ex)

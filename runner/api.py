@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import os
 import time
 from collections.abc import Iterator, Sequence
@@ -24,7 +23,6 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from runner import CONFIG_DIR
-from runner.results.files import SUMMARY
 from runner.schema import STOP_DEFAULT, RunnerConfig, default_gives_way
 
 RESOLVER = "unique_dir"
@@ -137,9 +135,10 @@ def _run_dir(given: list[str]) -> Path:
 
 def run(overrides: Sequence[str] = (), config_dir: str | None = None) -> dict[str, Any]:
     """Run the job `python -m runner <overrides>` would run, in this process; returns
-    its summary.json (or a bench's, evaluation's or export's result file) as a dict with
-    `run_dir` added. Bad input raises runner.errors.ConfigError; a run that ends without
-    success raises the runner's error for it (its files are kept, as the CLI keeps them).
+    its summary.json as the job wrote it (a dry run: the plan's CPUs and GPUs, and what
+    its preflight would refuse) as a dict with `run_dir` added. Bad input raises
+    runner.errors.ConfigError; a run that ends without success raises the runner's error
+    for it (its files are kept, as the CLI keeps them).
     A Ray the runner started is stopped afterwards, and this process's environment is as
     it was (so a later run, or a process it starts, gets a Ray of its own); a Ray you
     started (ray.init) is used and left running."""
@@ -158,7 +157,7 @@ def run(overrides: Sequence[str] = (), config_dir: str | None = None) -> dict[st
         run_dir = _run_dir(given)
         job = Job(cfg, run_dir, overrides, choices, compose=composed)
         try:
-            totals = app.run(job, start)
+            ran = app.run(job, start)
         except BaseException as ex:  # one that ended before its task leaves its record too
             known = {"overrides": overrides, "choices": choices}
             ended_early(run_dir, choices["task"], ex, time.perf_counter() - start, known)
@@ -167,6 +166,5 @@ def run(overrides: Sequence[str] = (), config_dir: str | None = None) -> dict[st
             stop_ray()
             os.environ.clear()
             os.environ.update(environ)
-    if (run_dir / SUMMARY).is_file():  # a dry run has none
-        return {**json.loads((run_dir / SUMMARY).read_text()), "run_dir": str(run_dir)}
-    return {**totals, "run_dir": str(run_dir)}
+    summary = ran.pop("summary", None)  # a dry run has none
+    return {**(summary if summary is not None else ran), "run_dir": str(run_dir)}

@@ -2,8 +2,9 @@
 
 `prepare` starts nothing and writes no file: typed settings, the task, the compile spec, the
 AlgorithmConfig and the resource plan. `run` adds the run dir, the preflight against this
-machine or the cluster, the dry run, and hands the task its `TaskRun`. Nothing here
-knows any one task: the registry in runner/tasks/ does.
+machine or the cluster, the dry run, and runs the task on its `TaskRun` under the job's
+hooks (runner/job_hooks.py: trackers, the record, Ray, ...). Nothing here knows any one
+task: the registry in runner/tasks/ does.
 """
 
 from __future__ import annotations
@@ -11,24 +12,21 @@ from __future__ import annotations
 import json
 import logging
 import signal
-import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
 from omegaconf import DictConfig, OmegaConf
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from rich.table import Table
 
-from runner import machine, placement, preflight, scaling_auto, tasks
+from runner import job_hooks, machine, placement, preflight, scaling_auto, tasks
 from runner.algorithm_config import build_algorithm_config, default_config_for
 from runner.callbacks import describe_stops
 from runner.check import Check
-from runner.compile.apply import add_to_config
 from runner.compile.settings import CompileSpec
 from runner.console import console
-from runner.errors import ConfigError, PreflightError, RunEnded, RunnerError, one_line
+from runner.errors import ConfigError, PreflightError, RunEnded
 from runner.fast_step import describe as describe_training_step
 from runner.job import Job
 from runner.overrides import CUSTOM_ENV
@@ -38,25 +36,22 @@ from runner.ray_session import (
     import_py_modules_here,
     joined_by_environment,
     quiet_ray,
-    release_driver_gpus,
-    reserve_driver_gpus,
-    start_ray,
 )
-from runner.results import checkpoints, record, remote, tracking
+from runner.results import checkpoints, remote
 from runner.results.files import (
     CONFIG,
     METRICS,
-    OVERRIDES,
     PLAN,
     json_safe,
     refuse_used,
     versions,
     write_json,
+    write_overrides,
 )
 from runner.resume import SEARCH_DIR, compose_for_resume
 from runner.reward_scaling import describe as describe_rewards
 from runner.schema import AUTO, BUDGETS, RunnerConfig, is_stop_default, setting, typed
-from runner.shutdown import Interrupted, Watch, interrupted, signal_name
+from runner.shutdown import Interrupted, Watch, signal_name
 from runner.tasks.base import Task, TaskRun
 from runner.validate import validate
 
@@ -195,122 +190,126 @@ def carried_on(attempt: Path | None) -> tuple[Path | None, list[str]]:
 
 
 def run(job: Job, start_time: float, attempt: Path | None = None) -> dict[str, Any]:
-    """Prepare, check against what exists, then dry-run or run the task; every file lands
-    in the job's run dir. `attempt`: an interrupted earlier attempt of this sweep job to
-    continue. Returns the plan's CPU and GPU totals, for a sweep job's record."""
-    cfg, run_dir = job.cfg, job.run_dir
-    quiet_ray(cfg.ray.log_level)
-    refuse_used(run_dir)
+    """Compose (an earlier run's overrides under resume= or checkpoint=), resolve, prepare,
+    preflight, then dry-run or run the task under the job's hooks; every file lands in the
+    job's run dir. `attempt`: an interrupted earlier attempt of this sweep job to continue.
+    Returns the plan's CPU and GPU totals, for a sweep job's record, and the run's
+    summary.json as written (a dry run: what its preflight would refuse)."""
+    quiet_ray(job.cfg.ray.log_level)
+    refuse_used(job.run_dir)
     checkpoint, history = carried_on(attempt)
-    source = tasks.get(job.choices["task"]).checkpoint_source(cfg)
-    if source:
-        if job.compose is None:
-            raise ConfigError(f"{source[1]}={source[0]}: this job cannot compose another config")
-        cfg, checkpoint, overrides, choices = compose_for_resume(
-            cfg, job.overrides, *source, job.compose
-        )
-        if source[1] == "checkpoint":  # located (pulled from a URI) once: the task reads it
-            cfg.task.checkpoint = str(checkpoint)
-        job = replace(job, cfg=cfg, overrides=overrides, choices={**job.choices, **choices})
-    (run_dir / OVERRIDES).write_text(yaml.safe_dump(job.overrides))
-    settings = typed(cfg)
+    job, checkpoint = from_earlier_run(job, checkpoint)
+    write_overrides(job.run_dir, job.overrides)
     startup = dict(job.startup)  # summary.json's `startup`: the seconds before training
-    address = cluster_address(settings.ray)
-    cluster = None
-    if address:
-        if joined := joined_by_environment(settings.ray):
-            console.print(joined)
-        timed_ray_start(settings, startup)
-        cluster = machine.cluster_resources(address)
-    layout = None
-    if settings.scaling.auto.enabled:  # measured before anything else is built
-        here = cluster or machine.local_resources(settings.ray)
-        settings, layout = scaling_auto.choose(settings, here, planned)
-        console.print(scaling_auto.describe(layout))
-        cfg.scaling = OmegaConf.structured(settings.scaling)  # the run dir's config: the choice
-    (run_dir / CONFIG).write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    settings, cluster, layout = resolved(job, startup)
     prepared = prepare(settings, cluster)
-    resources = prepared.resources
-    mirror = None
-    if settings.results.uri:
-        mirror = remote.Mirror(settings.results.uri, run_dir)
-        mirror.probe()
-    if checkpoint is not None and (checkpoint.name == SEARCH_DIR) != (
-        prepared.task.resumes == "search"
-    ):
-        raise ConfigError(
-            f"task={prepared.task.name} cannot continue {checkpoint}: resume= a task=tune run dir "
-            "continues that search (task=tune), a training run dir continues training"
-        )
+    mirror = probed_mirror(settings, job.run_dir)
+    refuse_another_kind(prepared.task, checkpoint)
     plan, config = prepared.plan, prepared.config
-    report = preflight.check(settings, config, plan, resources, prepared.warnings, prepared.spec)
-    write_json(run_dir / "algorithm_config.json", config.to_dict())
-    write_json(run_dir / PLAN, {**plan.to_dict(), "preflight": report.to_dict()})
+    report = preflight.check(
+        settings, config, plan, prepared.resources, prepared.warnings, prepared.spec
+    )
+    write_json(job.run_dir / "algorithm_config.json", config.to_dict())
+    write_json(job.run_dir / PLAN, {**plan.to_dict(), "preflight": report.to_dict()})
     for warning in report.warnings:
         log.warning(warning)
     totals = {"cpus": plan.total_cpus, "gpus": plan.total_gpus}
-
     if settings.dry_run:
-        console.rule("resolved config")
-        console.print(OmegaConf.to_yaml(cfg, resolve=True), end="")
-        print_changed(prepared)
-        for line in start_lines(prepared, job.choices, cfg):
-            console.print(line)
-        console.rule("plan")
-        print_plan(plan, report, resources)
-        if prepared.spec is not None and prepared.spec.backend == AUTO:
-            console.print("compile=auto: measured (or read from its cache) when the run starts")
-        mirrored = f" (results.uri: {mirror.uri} takes a write)" if mirror else ""
-        done = "nothing trained" if layout else "nothing started"
-        console.print(f"dry run: {done}; files in {run_dir}{mirrored}")
+        show_dry_run(prepared, report, job, mirror, layout)
         return {**totals, "preflight_problems": report.problems}
     if not report.ok:
         raise PreflightError("; ".join(report.problems))
     if settings.verbose:
         print_changed(prepared)
-    for line in start_lines(prepared, job.choices, cfg):
+    for line in start_lines(prepared, job.choices, job.cfg):
         console.print(line)
-    tracker = tracking.start(settings, job) if prepared.task.tracked else tracking.Trackers()
-    status = "FAILED"
-    ended: dict[str, Any] = {"status": "failed"}
-    task_run = None
-    try:
-        task_run = started(prepared, job, tracker, start_time, checkpoint, history, startup, mirror)
-        supervised(prepared.task, task_run)
-        status, ended = "FINISHED", {"status": "finished"}
-    except KeyboardInterrupt as ex:
-        stop = interrupted(ex)
-        status, ended = "KILLED", {"status": "interrupted", "stop_reason": str(stop)}
-        raise stop from None
-    except BaseException as ex:
-        ended = {"status": "failed", "error": one_line(ex)}
-        raise
-    finally:
-        release_driver_gpus()
-        unwritten = None
-        try:
-            record.write(
-                run_dir,
-                {
-                    "task": prepared.task.name,
-                    **ended,
-                    "wall_seconds": time.perf_counter() - start_time,
-                    "overrides": job.overrides,
-                    "choices": job.choices,
-                    **provenance(settings, prepared.resources, job.choices),
-                    **({"scaling_auto": layout} if layout else {}),
-                    **(task_run.record if task_run is not None else {}),
-                },
-            )
-        except OSError as ex:  # a full disk: the task's own error, if any, stays the one shown
-            unwritten = RunnerError(f"the run record could not be written in {run_dir}: {ex}")
-            log.warning(str(unwritten))
-        tracker.finish(run_dir, status)
-        if mirror is not None:
-            push_at_end(mirror, status)
-        if unwritten is not None and status == "FINISHED":
-            raise unwritten  # no success without its record
-    return totals
+    task_run = make_task_run(prepared, job, start_time, checkpoint, history, startup)
+    extra = {"scaling_auto": layout} if layout else {}
+    auto = prepared.spec is not None and prepared.spec.backend == AUTO
+    hooks = job_hooks.for_job(prepared.task, job, plan.main_gpus, mirror, extra, auto)
+    job_hooks.run(hooks, task_run, lambda: supervised(prepared.task, task_run))
+    return {**totals, "summary": task_run.summary}
+
+
+def from_earlier_run(job: Job, checkpoint: Path | None) -> tuple[Job, Path | None]:
+    """resume= or checkpoint=: the job composed again from the earlier run's overrides with
+    this one's on top (runner/resume.py), and the checkpoint it names."""
+    source = tasks.get(job.choices["task"]).checkpoint_source(job.cfg)
+    if not source:
+        return job, checkpoint
+    if job.compose is None:
+        raise ConfigError(f"{source[1]}={source[0]}: this job cannot compose another config")
+    cfg, checkpoint, overrides, choices = compose_for_resume(
+        job.cfg, job.overrides, *source, job.compose
+    )
+    if source[1] == "checkpoint":  # located (pulled from a URI) once: the task reads it
+        cfg.task.checkpoint = str(checkpoint)
+    return replace(
+        job, cfg=cfg, overrides=overrides, choices={**job.choices, **choices}
+    ), checkpoint
+
+
+def resolved(
+    job: Job, startup: dict[str, float | None]
+) -> tuple[RunnerConfig, machine.Resources | None, dict[str, Any] | None]:
+    """The typed settings with scaling=auto's layout chosen (measured, or read from its
+    cache, before anything else is built), on the cluster the job joins (its resources;
+    None: this machine's); config.yaml written with that choice."""
+    cfg, settings = job.cfg, typed(job.cfg)
+    cluster, layout = None, None
+    if address := cluster_address(settings.ray):
+        if joined := joined_by_environment(settings.ray):
+            console.print(joined)
+        job_hooks.timed_ray_start(settings, startup)
+        cluster = machine.cluster_resources(address)
+    if settings.scaling.auto.enabled:
+        here = cluster or machine.local_resources(settings.ray)
+        settings, layout = scaling_auto.choose(settings, here, planned)
+        console.print(scaling_auto.describe(layout))
+        cfg.scaling = OmegaConf.structured(settings.scaling)  # the run dir's config: the choice
+    (job.run_dir / CONFIG).write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    return settings, cluster, layout
+
+
+def probed_mirror(settings: RunnerConfig, run_dir: Path) -> remote.Mirror | None:
+    """results.uri's copy of the run dir, its store tried with a write first."""
+    if not settings.results.uri:
+        return None
+    mirror = remote.Mirror(settings.results.uri, run_dir)
+    mirror.probe()
+    return mirror
+
+
+def refuse_another_kind(task: Task, checkpoint: Path | None) -> None:
+    """resume= continues what the earlier run was: a search, or a training."""
+    if checkpoint is not None and (checkpoint.name == SEARCH_DIR) != (task.resumes == "search"):
+        raise ConfigError(
+            f"task={task.name} cannot continue {checkpoint}: resume= a task=tune run dir "
+            "continues that search (task=tune), a training run dir continues training"
+        )
+
+
+def show_dry_run(
+    prepared: Prepared,
+    report: preflight.Report,
+    job: Job,
+    mirror: remote.Mirror | None,
+    layout: dict[str, Any] | None,
+) -> None:
+    """What the job would run, on the console: the config, RLlib's changed settings, the
+    start lines, the plan and what the preflight would refuse."""
+    console.rule("resolved config")
+    console.print(OmegaConf.to_yaml(job.cfg, resolve=True), end="")
+    print_changed(prepared)
+    for line in start_lines(prepared, job.choices, job.cfg):
+        console.print(line)
+    console.rule("plan")
+    print_plan(prepared.plan, report, prepared.resources)
+    if prepared.spec is not None and prepared.spec.backend == AUTO:
+        console.print("compile=auto: measured (or read from its cache) when the run starts")
+    mirrored = f" (results.uri: {mirror.uri} takes a write)" if mirror else ""
+    done = "nothing trained" if layout else "nothing started"
+    console.print(f"dry run: {done}; files in {job.run_dir}{mirrored}")
 
 
 def supervised(task: Task, run: TaskRun) -> None:
@@ -325,11 +324,7 @@ def supervised(task: Task, run: TaskRun) -> None:
         return
     settings = run.settings
 
-    def abort(signum: int) -> None:
-        wall_seconds = time.perf_counter() - run.start_time
-        record.aborted(run.files, task.name, signum, wall_seconds, {**run.provenance, **run.record})
-
-    watch = Watch(settings.shutdown.grace_seconds, settings.watchdog, abort)
+    watch = Watch(settings.shutdown.grace_seconds, settings.watchdog, lambda s: run.aborted(s, {}))
     with watch:
         try:
             with watch.build():
@@ -351,63 +346,26 @@ def supervised(task: Task, run: TaskRun) -> None:
         raise Interrupted(watch.signum)
 
 
-def push_at_end(mirror: remote.Mirror, status: str) -> None:
-    """The run dir's last copy to results.uri. A failed copy after a finished task fails
-    the job; after a failed one it is a warning, so the task's own error stays the one shown."""
-    try:
-        mirror.push()
-    except RunnerError as ex:
-        if status == "FINISHED":
-            raise
-        log.warning(str(ex))
-        return
-    console.print(f"results mirrored to {mirror.uri}")
-
-
-def timed_ray_start(settings: RunnerConfig, startup: dict[str, float | None]) -> None:
-    """start_ray, its seconds added to the job's (a Ray started early takes none here)."""
-    began = time.perf_counter()
-    start_ray(settings.ray, settings.compile.cache_dir)
-    startup["ray_start_s"] = (startup.get("ray_start_s") or 0.0) + time.perf_counter() - began
-
-
-def started(
+def make_task_run(
     prepared: Prepared,
     job: Job,
-    tracker: tracking.Trackers,
     start_time: float,
     checkpoint: Path | None,
     history: list[str],
     startup: dict[str, float | None],
-    mirror: remote.Mirror | None = None,
 ) -> TaskRun:
-    """compile=auto's choice (measured before Ray takes the CPUs), Ray, then the task's input."""
-    settings, spec, auto = prepared.settings, prepared.spec, None
-    if spec is not None and spec.backend == AUTO:
-        from runner.compile import auto as compile_auto  # torch._dynamo: only for compile=auto
-
-        auto = compile_auto.choose(settings, prepared.config)
-        console.print(compile_auto.describe(auto))
-        spec = compile_auto.chosen_spec(settings, auto)
-        add_to_config(prepared.config, spec)
-    if prepared.task.needs_ray:
-        timed_ray_start(settings, startup)
-        if prepared.plan.main_gpus:
-            index = reserve_driver_gpus(prepared.plan.main_gpus)
-            prepared.config.learners(local_gpu_idx=index)
+    """The task's input, before the job's hooks fill in theirs."""
+    settings = prepared.settings
     return TaskRun(
         settings=settings,
         config=prepared.config,
-        spec=spec,
-        auto=auto,
+        spec=prepared.spec,
         run_dir=job.run_dir,
         provenance=provenance(settings, prepared.resources, job.choices),
         start_time=start_time,
         checkpoint=checkpoint,
         history=history,
-        tracker=tracker,
         choices=job.choices,
-        mirror=mirror,
         compose=job.compose,
         record={"startup": startup},
     )

@@ -5,9 +5,11 @@ checks or stops a run by its figures is a callback here, built from the config i
 
 - `on_start(training)`: the Algorithm is built (restored, when resuming);
 - `on_iteration(training, it)`: one finished iteration; a callback may return a reason
-  to stop. Every callback sees every iteration: the first reason given ends the run
-  (`training.progress.reason`) once all have run, and a callback that must not act on a
-  faulted iteration (the checkpoint after a non-finite loss) asks `training.faulted`;
+  to stop, or a `Decision` (a stop with the run's status, the error it ends with and its
+  record's fields; a checkpoint now), which the loop carries out as it comes, so later
+  callbacks see it. Every callback sees every iteration: the first stop given ends the
+  run (`training.progress.reason`) once all have run, and a callback that must not act on
+  a faulted iteration (the checkpoint after a non-finite loss) asks `training.faulted`;
 - `on_checkpoint(training, path)`: a checkpoint was written whole;
 - `on_end(training, outcome)`: the run ended; `outcome` is its figures (status, stop
   reason, env steps, ...) as summary.json gets them.
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,8 +32,21 @@ from runner.results.files import ENV_RUNNER_ERROR, MetricsLog, env_step
 from runner.schema import NonFinite, StopConfig
 
 if TYPE_CHECKING:
-    from runner.loop import Progress, Training
+    from runner.loop import Training
     from runner.tasks.base import TaskRun
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What a callback decides on an iteration, for the loop to carry out: a stop (its
+    `reason`, the run's `status`, an `error` to end the task with, fields for the run's
+    `record`), or a checkpoint now."""
+
+    reason: str = ""
+    status: str = "finished"
+    error: Exception | None = None
+    record: dict[str, Any] = field(default_factory=dict)
+    checkpoint: bool = False
 
 
 @dataclass(frozen=True)
@@ -43,6 +58,8 @@ class Iteration:
     row: dict[str, Any]
     metrics: dict[str, float]
     seconds: float  # since training started
+    # Training's EnvRunners short now, or lost or recreated in this iteration.
+    troubled: bool = False
 
 
 def stop_reason(stop: StopConfig, row: dict[str, Any], train_seconds: float) -> str | None:
@@ -108,51 +125,13 @@ def print_row(row: dict[str, Any]) -> None:
     )
 
 
-# Where RLlib's result holds each restarting component's lifetime restart count and
-# its healthy actors now, and the AlgorithmConfig key that counts its actors.
-RESTART_COUNTERS = {
-    "env_runners": ("fault_tolerance", "num_env_runners"),
-    "evaluation_env_runners": ("evaluation", "evaluation_num_env_runners"),
-}
-
-
-def record_restarts(progress: Progress, result: dict, iteration: int, config: Any) -> bool:
-    """RLlib recreates a dead EnvRunner within a few iterations (and the compile
-    callback compiles the new one): note per component when actors were lost and when
-    they came back. True when training's EnvRunners are short now or were lost or
-    recreated in this iteration."""
-    troubled = False
-    for component, (section, count_key) in RESTART_COUNTERS.items():
-        stats = result.get(section) or {}
-        if "num_healthy_workers" not in stats:
-            continue
-        healthy = int(stats["num_healthy_workers"])
-        count = int(stats.get("num_remote_worker_restarts") or 0)
-        wanted = int(getattr(config, count_key, 0) or 0)
-        count_before, healthy_before = progress.actor_counts.get(component, (0, wanted))
-        events = {"lost": healthy_before - healthy, "restarted": count - count_before}
-        progress.actor_counts[component] = (count, healthy)
-        for event, n in events.items():
-            if n > 0:
-                progress.restarts.setdefault(component, []).append(
-                    {"iteration": iteration, event: n}
-                )
-                console.print(
-                    f"iteration {iteration}: {n} of the {component.replace('_', ' ')} {event}"
-                    + (" (RLlib's fault tolerance recreates it)" if event == "lost" else "")
-                )
-        if component == "env_runners":
-            troubled = healthy < wanted or any(n > 0 for n in events.values())
-    return troubled
-
-
 class Callback:
     """The hooks a callback may define; each does nothing by default."""
 
     def on_start(self, training: Training) -> None:
         pass
 
-    def on_iteration(self, training: Training, it: Iteration) -> str | None:
+    def on_iteration(self, training: Training, it: Iteration) -> str | Decision | None:
         return None
 
     def on_checkpoint(self, training: Training, path: Path) -> None:
@@ -258,11 +237,10 @@ class EnvRunnerFaults(Callback):
     def on_start(self, training: Training) -> None:
         self.since_ms = int(time.time() * 1000)
 
-    def on_iteration(self, training: Training, it: Iteration) -> str | None:
+    def on_iteration(self, training: Training, it: Iteration) -> Decision | None:
         from runner import env_runner_errors
 
         now, progress = it.row["iteration"], training.progress
-        troubled = record_restarts(progress, it.result, now, training.algo.config)
         texts = env_runner_errors.take()
         for text in texts:
             line = error_line(text)
@@ -273,7 +251,7 @@ class EnvRunnerFaults(Callback):
         self.newest_error = texts[-1] if texts else self.newest_error
         if it.row["env_steps_this_iter"]:
             self.unsampled = 0
-        elif troubled or texts or self.unsampled:
+        elif it.troubled or texts or self.unsampled:
             self.unsampled += 1
         if self.unsampled >= self.unsampled_iterations:
             why = (
@@ -300,20 +278,16 @@ class EnvRunnerFaults(Callback):
         line = "no EnvRunner reported an error, and Ray reports no EnvRunner process that ended"
         return line, line + "\n"
 
-    def _fail(self, training: Training, why: str, line: str, text: str, iterations: list) -> str:
+    def _fail(
+        self, training: Training, why: str, line: str, text: str, iterations: list
+    ) -> Decision:
         reason = f"{why}: {line}"
         run_dir = training.run.run_dir
         if run_dir is not None:
             (run_dir / ENV_RUNNER_ERROR).write_text(text)
             reason += f" (traceback in {run_dir / ENV_RUNNER_ERROR})"
-        training.run.record["env_runner_error"] = {
-            "iterations": iterations,
-            "error": line,
-            "traceback": text,
-        }
-        training.progress.end("failed", reason)
-        training.progress.error = RunEnded(reason)
-        return reason
+        error = {"iterations": iterations, "error": line, "traceback": text}
+        return Decision(reason, "failed", RunEnded(reason), {"env_runner_error": error})
 
     def on_end(self, training: Training, outcome: dict[str, Any]) -> None:
         from runner import env_runner_errors
@@ -328,7 +302,7 @@ class NonFiniteGuard(Callback):
     def __init__(self, mode: NonFinite) -> None:
         self.mode = mode
 
-    def on_iteration(self, training: Training, it: Iteration) -> str | None:
+    def on_iteration(self, training: Training, it: Iteration) -> Decision | None:
         from runner import guard
 
         found = guard.non_finite(it.result)
@@ -336,9 +310,7 @@ class NonFiniteGuard(Callback):
             return None
         text = guard.describe(found, it.row["iteration"])
         if self.mode == NonFinite.stop:
-            training.progress.non_finite = found
-            training.progress.end("non_finite", text)
-            return text
+            return Decision(text, "non_finite", record={"non_finite": found})
         console.print(f"warning: {text} (guard.non_finite=warn: going on)")
         return None
 
@@ -349,9 +321,9 @@ class Checkpoints(Callback):
     def __init__(self, every: int) -> None:
         self.every = every
 
-    def on_iteration(self, training: Training, it: Iteration) -> str | None:
+    def on_iteration(self, training: Training, it: Iteration) -> Decision | None:
         if not training.faulted and training.algo.iteration % self.every == 0:
-            training.save_checkpoint()
+            return Decision(checkpoint=True)
         return None
 
 

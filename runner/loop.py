@@ -23,12 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from runner import callbacks
-from runner.callbacks import Callback, Iteration
+from runner.callbacks import Callback, Decision, Iteration
 from runner.check import Check
 from runner.console import console
 from runner.errors import RunnerError, one_line
 from runner.masking import MAIN
-from runner.results import checkpoints, record
+from runner.results import checkpoints
 from runner.results.files import flatten_numbers, headline
 from runner.shutdown import Watch, signal_name
 from runner.tasks.base import TaskRun
@@ -62,7 +62,6 @@ class Progress:
     abandoned: bool = False  # the iteration in flight outlived the grace after a signal
     error: Exception | None = None
     restarts: dict[str, list[dict[str, int]]] = field(default_factory=dict)
-    non_finite: dict[str, float] = field(default_factory=dict)
     # Per component, RLlib's last (lifetime restarts, healthy actors).
     actor_counts: dict[str, tuple[int, int]] = field(default_factory=dict)
 
@@ -72,6 +71,44 @@ class Progress:
     @property
     def iteration(self) -> int | None:
         return self.rows[-1]["iteration"] if self.rows else None
+
+
+# Where RLlib's result holds each restarting component's lifetime restart count and
+# its healthy actors now, and the AlgorithmConfig key that counts its actors.
+RESTART_COUNTERS = {
+    "env_runners": ("fault_tolerance", "num_env_runners"),
+    "evaluation_env_runners": ("evaluation", "evaluation_num_env_runners"),
+}
+
+
+def note_restarts(progress: Progress, result: dict, iteration: int, config: Any) -> bool:
+    """RLlib recreates a dead EnvRunner within a few iterations (and the compile
+    callback compiles the new one): note per component when actors were lost and when
+    they came back. True when training's EnvRunners are short now or were lost or
+    recreated in this iteration."""
+    troubled = False
+    for component, (section, count_key) in RESTART_COUNTERS.items():
+        stats = result.get(section) or {}
+        if "num_healthy_workers" not in stats:
+            continue
+        healthy = int(stats["num_healthy_workers"])
+        count = int(stats.get("num_remote_worker_restarts") or 0)
+        wanted = int(getattr(config, count_key, 0) or 0)
+        count_before, healthy_before = progress.actor_counts.get(component, (0, wanted))
+        events = {"lost": healthy_before - healthy, "restarted": count - count_before}
+        progress.actor_counts[component] = (count, healthy)
+        for event, n in events.items():
+            if n > 0:
+                progress.restarts.setdefault(component, []).append(
+                    {"iteration": iteration, event: n}
+                )
+                console.print(
+                    f"iteration {iteration}: {n} of the {component.replace('_', ' ')} {event}"
+                    + (" (RLlib's fault tolerance recreates it)" if event == "lost" else "")
+                )
+        if component == "env_runners":
+            troubled = healthy < wanted or any(n > 0 for n in events.values())
+    return troubled
 
 
 def learners_in_service(algo: Any) -> None:
@@ -193,11 +230,25 @@ class Training:
             progress.last_eval = evaluated
             best = progress.best_eval
             progress.best_eval = evaluated if best is None else max(best, evaluated)
-        it = Iteration(result, row, flat, seconds)
+        troubled = note_restarts(progress, result, row["iteration"], algo.config)
+        it = Iteration(result, row, flat, seconds, troubled)
         for callback in self.callbacks:
-            reason = callback.on_iteration(self, it)
-            if reason and not progress.reason:
-                progress.reason = reason
+            self._carry_out(callback.on_iteration(self, it))
+
+    def _carry_out(self, decision: str | Decision | None) -> None:
+        """A callback's decision, as it comes: a checkpoint now; the first stop is the
+        run's (a reason alone, a user's callback's, stops it as finished)."""
+        if not decision:
+            return
+        if isinstance(decision, str):
+            decision = Decision(decision)
+        if decision.checkpoint:
+            self.save_checkpoint()
+        progress = self.progress
+        if decision.reason and not progress.reason:
+            progress.end(decision.status, decision.reason)
+            progress.error = decision.error
+            self.run.record.update(decision.record)
 
     @property
     def objective(self) -> float | None:
@@ -308,16 +359,8 @@ def _abort(run: TaskRun, progress: Progress) -> Callable[[int], None]:
     """The second signal during training: summary.json as it stands, before the exit."""
 
     def abort(signum: int) -> None:
-        if run.run_dir is None:
-            return
-        newest = checkpoints.latest(run.run_dir)
-        record.aborted(
-            run.run_dir,
-            run.settings.task.name,
-            signum,
-            time.perf_counter() - run.start_time,
-            {"iterations": progress.iteration, "checkpoint": str(newest or ""), **run.provenance},
-        )
+        newest = checkpoints.latest(run.run_dir) if run.run_dir else None
+        run.aborted(signum, {"iterations": progress.iteration, "checkpoint": str(newest or "")})
 
     return abort
 
@@ -389,7 +432,7 @@ def train(run: TaskRun, extra: Sequence[Callback] = ()) -> dict[str, Any]:
         "checkpoint": str(checkpoints.latest(run_dir) or "") if run_dir else "",
         "checkpoints": [str(p) for p in checkpoints.complete(run_dir)] if run_dir else [],
         "restarts": progress.restarts,
-        "non_finite": progress.non_finite,
+        "non_finite": run.record.get("non_finite", {}),
         "compile_reports": reports,
         "env_runner_nodes": nodes,
         "progress": progress,

@@ -11,7 +11,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
 from omegaconf import DictConfig
 
 from runner import overrides as ov
@@ -19,7 +18,7 @@ from runner.errors import ConfigError
 from runner.job import Composer
 from runner.results import checkpoints, remote
 from runner.results.checkpoints import CHECKPOINT_FILE, MANIFEST
-from runner.results.files import OVERRIDES
+from runner.results.files import OVERRIDES, read_overrides
 
 # A task=tune run dir's Ray Tune experiment (tuner.pkl marks it whole enough to restore).
 SEARCH_DIR = "tune"
@@ -65,12 +64,6 @@ def find_checkpoint(path_text: str, setting: str = "resume") -> tuple[Path, Path
     return checkpoints.verified(checkpoint), path
 
 
-def saved_overrides(run_dir: Path) -> list[str]:
-    """The overrides a run dir's job was composed from (the runner writes them there)."""
-    path = run_dir / OVERRIDES
-    return (yaml.safe_load(path.read_text()) or []) if path.is_file() else []
-
-
 def compose_for_resume(
     cfg: DictConfig,
     current: list[str],
@@ -85,6 +78,6 @@ def compose_for_resume(
     checkpoint, old_run_dir = find_checkpoint(path_text, setting)
     if old_run_dir is None:
         return cfg, checkpoint, current, {}
-    merged = ov.merge(saved_overrides(old_run_dir), current)
+    merged = ov.merge(read_overrides(old_run_dir), current)
     new_cfg, choices = compose(merged)
     return new_cfg, checkpoint, merged, choices

@@ -536,6 +536,14 @@ class TaskSettings:
 
 
 @dataclass
+class ReadsCheckpoint(TaskSettings):
+    """The settings of a task that reads a trained checkpoint (evaluate, export): its run's
+    config is composed as resume= composes one, and it needs the checkpoint named."""
+
+    checkpoint: str | None = None  # a run dir or checkpoint dir (`checkpoint=` for short)
+
+
+@dataclass
 class ReproductionConfig:
     """The published result a checked-in experiment reproduces, with its figures as published.
 

@@ -16,14 +16,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from runner import overrides as ov
 from runner.errors import RunnerError, tool_exit_code
 from runner.results import plots, remote, seeds
-from runner.results.files import BENCH, OVERRIDES, REFUSED, SUMMARY, write_csv
+from runner.results.files import BENCH, OVERRIDES, REFUSED, SUMMARY, read_overrides, write_csv
 from runner.results.jobs import JOB_FILE, read_job
 
 COLUMNS = (
@@ -42,11 +41,6 @@ COLUMNS = (
 
 
 FIGURES = ("final_episode_return_mean", "env_steps_per_s", "wall_seconds")
-
-
-def _overrides(job_dir: Path) -> list[str]:
-    path = job_dir / OVERRIDES
-    return yaml.safe_load(path.read_text()) or [] if path.is_file() else []
 
 
 def _compile_choice(overrides: list[str]) -> str:
@@ -70,7 +64,7 @@ def job_row(job_dir: Path) -> dict[str, Any]:
     job = read_job(job_dir) or {}
     summary = _read_json(job_dir / SUMMARY)
     # A run refused before it wrote composed_overrides.yaml has them in its record.
-    overrides = job.get("overrides") or _overrides(job_dir) or summary.get("overrides") or []
+    overrides = job.get("overrides") or read_overrides(job_dir) or summary.get("overrides") or []
     row: dict[str, Any] = {
         "job": job_dir.name,
         "overrides": " ".join(overrides),

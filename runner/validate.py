@@ -25,6 +25,7 @@ from runner.schema import (
     CheckOn,
     EnvConfig,
     LoggerConfig,
+    ReadsCheckpoint,
     RewardScalingConfig,
     RunnerConfig,
     ScalingConfig,
@@ -246,6 +247,11 @@ def validate(settings: RunnerConfig, task: Task) -> tuple[CompileSpec | None, li
         from runner.compile import auto  # torch._dynamo: only for compile=auto
 
         auto.check(settings)
+    if isinstance(settings.task, ReadsCheckpoint) and not settings.task.checkpoint:
+        raise ConfigError(
+            f"task={task.name} needs checkpoint=<run dir or checkpoint dir> (a run this "
+            "runner trained, e.g. outputs/runs/<date>/<time>)"
+        )
     warnings += task.check(settings, spec)
     tuned = settings.tuned
     if tuned is not None and settings.env.name != tuned.env:

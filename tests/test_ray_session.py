@@ -13,14 +13,13 @@ from pathlib import Path
 import pytest
 import ray
 import shared_ray
-from conftest import TINY, compose_config
+from conftest import compose_config
 from simulated_gpu import accelerator_type, simulate
 
-from runner import app, ray_session
+from runner import app, job_hooks, ray_session
 from runner.app import prepare
 from runner.errors import ConfigError, PreflightError
 from runner.job import Job
-from runner.results.tracking import Trackers
 from runner.schema import RayConfig, typed
 
 
@@ -131,7 +130,7 @@ finally:
 def test_the_cli_starts_ray_while_the_job_imports_and_the_job_runs_on_it(tmp_path: Path):
     """One ray.init in all, made before torch and RLlib finished importing: the job found
     that Ray running with its own settings and did not start another."""
-    args = ["stop.iterations=1", *TINY, "ray.num_cpus=2", "hydra.run.dir=run"]
+    args = ["debug=tiny", "ray.num_cpus=2", "hydra.run.dir=run"]
     proc = subprocess.run(
         [sys.executable, "-c", COUNTED_RUN, *args],
         cwd=tmp_path,
@@ -147,16 +146,20 @@ def test_the_cli_starts_ray_while_the_job_imports_and_the_job_runs_on_it(tmp_pat
 @pytest.mark.slow
 def test_a_local_gpu_learner_reserves_its_gpu_through_ray(environ, monkeypatch, tmp_path):
     """On a simulated machine of two H200s (tests/simulated_gpu.py) a local Ray counts them
-    through NVML and names their accelerator type as a cluster's node would. app.started
-    reserves the local Learner's GPU through Ray and points RLlib's local_gpu_idx at the
-    one Ray gave, so another job on the same Ray gets the other GPU, a third is refused in
-    one line within seconds, and a job's end frees them. The test stops at the TaskRun:
-    nothing runs on a GPU."""
+    through NVML and names their accelerator type as a cluster's node would. The job's
+    hooks (runner/job_hooks.py) start that Ray and reserve the local Learner's GPU through
+    it, pointing RLlib's local_gpu_idx at the one Ray gave, so another job on the same Ray
+    gets the other GPU, a third is refused in one line within seconds, and a job's end
+    frees them. The test starts the hooks and stops at the TaskRun: nothing runs on a GPU."""
     simulate(monkeypatch, "h200", 2, cpus=2)
     cfg = compose_config(["hardware=h200"])
     job = prepare(typed(cfg))
     assert job.plan.main_gpus == 1
-    run = app.started(job, Job(cfg, tmp_path, []), Trackers(), time.perf_counter(), None, [], {})
+    hooks = job_hooks.for_job(job.task, Job(cfg, tmp_path, []), job.plan.main_gpus, None, {}, False)
+    assert isinstance(hooks[-1], job_hooks.DriverGpus)
+    run = app.make_task_run(job, Job(cfg, tmp_path, []), time.perf_counter(), None, [], {})
+    for hook in hooks:  # the job's, up to the task: Ray, then the local Learner's GPU
+        hook.start(run)
     total = ray.cluster_resources()
     assert total["GPU"] == 2 and total[f"accelerator_type:{accelerator_type('h200')}"] == 1
     first = run.config.local_gpu_idx

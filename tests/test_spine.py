@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from cli_call import start_many
-from conftest import TINY, cli_env, compose_config
+from conftest import cli_env, compose_config
 
 import runner
 from runner import CONFIG_DIR, envs, report, video
@@ -93,7 +93,7 @@ LAYERS = [
         "tasks.exploration_bench",
     },
     # one job, config -> plan -> preflight -> task
-    {"app"},
+    {"app", "job_hooks"},
     # entry points and tools over results
     {"api", "__main__", "sweep", "report", "docs", "published"},
 ]
@@ -184,7 +184,9 @@ def test_the_env_factory_builds_every_env_with_the_same_settings():
     RLlib EnvRunner's and video's: one factory, so an episode is cut at 7 steps in all."""
     from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 
-    config = prepare(typed(compose_config([*TINY, "+env.env_config.max_episode_steps=7"]))).config
+    config = prepare(
+        typed(compose_config(["debug=tiny", "+env.env_config.max_episode_steps=7"]))
+    ).config
     assert config.env is envs.RunnerEnv
     driver = envs.make_env(config)
     rollout = envs.random_rollout(driver, 0, 30)
@@ -219,7 +221,7 @@ def test_python_api_composes_typed_settings_and_refuses_a_typo():
 @pytest.mark.usefixtures("joins_shared_ray")
 def test_python_api_runs_a_job_and_returns_its_summary(tmp_path: Path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    summary = runner.run([*TINY, "stop.iterations=1", "checkpoint.at_end=false"])
+    summary = runner.run(["debug=tiny", "checkpoint.at_end=false"])
     run_dir = Path(summary["run_dir"])
     assert summary["status"] == "finished" and summary["iterations"] == 1
     assert run_dir.parent.parent == Path("outputs/runs")
@@ -242,7 +244,7 @@ def test_a_run_from_the_python_api_is_in_the_report(tmp_path: Path, monkeypatch,
     """A run started from `runner.run()` writes its own config and overrides (no Hydra
     files), so the report's verification table takes it as it takes a CLI run."""
     monkeypatch.chdir(tmp_path)
-    summary = runner.run([*TINY, "stop.iterations=1", "check.threshold=1", "checkpoint.every=0"])
+    summary = runner.run(["debug=tiny", "check.threshold=1", "checkpoint.every=0"])
     run_dir = Path(summary["run_dir"])
     assert not (run_dir / ".hydra").exists()
     assert (run_dir / "config.yaml").is_file() and (run_dir / "composed_overrides.yaml").is_file()
@@ -288,8 +290,7 @@ def test_four_runs_started_at_once_get_four_run_dirs(tmp_path: Path):
     through the default's resolver with the same name (a second shared by all four)."""
     assert "dir: ${unique_dir:outputs/runs/" in (Path(CONFIG_DIR) / "config.yaml").read_text()
     args = [
-        *TINY,
-        "stop.iterations=1",
+        "debug=tiny",
         "scaling.num_env_runners=0",
         "hydra.run.dir=${unique_dir:outputs/runs/same-second}",
     ]

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 
 # The files a run dir holds, named once here.
 SUMMARY = "summary.json"  # the run record (runner/results/record.py), every task
@@ -58,6 +59,18 @@ def refuse_used(run_dir: Path) -> None:
 
 # The status of a job the runner refused before it ran anything (bad input, a shortfall).
 REFUSED = "refused"
+
+
+def write_overrides(run_dir: Path, overrides: list[str]) -> None:
+    """The overrides a run dir's job was composed from: what resume= composes again and
+    a sweep's summary names its jobs by."""
+    (run_dir / OVERRIDES).write_text(yaml.safe_dump(overrides))
+
+
+def read_overrides(run_dir: Path) -> list[str]:
+    """write_overrides' list; none where the run dir holds none."""
+    path = run_dir / OVERRIDES
+    return (yaml.safe_load(path.read_text()) or []) if path.is_file() else []
 
 
 def read_status(run_dir: Path) -> str | None:

@@ -18,15 +18,16 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from runner.results.files import REFUSED, SUMMARY, write_json
+from runner.results.files import REFUSED, SUMMARY, json_safe, write_json
 
 # The keys every record has, whatever the task.
 COMMON = ("task", "status", "stop_reason", "error", "wall_seconds")
 
 
 def write(run_dir: Path, record: dict[str, Any]) -> dict[str, Any]:
-    """summary.json from `record` (the common keys defaulted), written whole (atomically)."""
-    whole = {"stop_reason": "", "error": None, **record}
+    """summary.json from `record` (the common keys defaulted), written whole (atomically);
+    returned as written (JSON's types)."""
+    whole = json_safe({"stop_reason": "", "error": None, **record})
     missing = [k for k in COMMON if k not in whole]
     if missing:
         raise ValueError(f"a run record without {', '.join(missing)}")  # the runner's own bug

@@ -6,6 +6,7 @@ settings and to scale the plan, runs the preflight, then hands the task a `TaskR
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,8 +16,9 @@ from omegaconf import DictConfig
 
 from runner.errors import ConfigError
 from runner.job import Composer
+from runner.results import record
 from runner.results.tracking import Trackers
-from runner.schema import RunnerConfig, TaskSettings
+from runner.schema import ReadsCheckpoint, RunnerConfig, TaskSettings
 
 if TYPE_CHECKING:  # light at import: a typo at composition needs none of these
     from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
@@ -56,6 +58,16 @@ class TaskRun:
     record: dict[str, Any] = field(default_factory=dict)
     # The entry point's composition (runner/job.py), for a task that needs another config.
     compose: Composer | None = None
+    # summary.json as the job wrote it when the task ended (runner/job_hooks.py's Record).
+    summary: dict[str, Any] | None = None
+
+    def aborted(self, signum: int, known: dict[str, Any]) -> None:
+        """The record a second signal leaves before the process exits: what is known by
+        then (nothing, for a run that keeps nothing on disk)."""
+        if self.run_dir is not None:
+            wall_seconds = time.perf_counter() - self.start_time
+            known = {**self.provenance, **self.record, **known}
+            record.aborted(self.run_dir, self.settings.task.name, signum, wall_seconds, known)
 
     @property
     def files(self) -> Path:
@@ -108,9 +120,6 @@ class Task:
     trains: bool = False
     # False for a task that compiles nothing itself (the compile group is not read).
     uses_compile: bool = True
-    # True for a task that reads a trained checkpoint (task.checkpoint, spelled
-    # `checkpoint=` on the command line): its run's config is composed as resume= does.
-    reads_checkpoint: bool = False
     # What resume= continues: "checkpoint" (an RLlib checkpoint) or "search" (a Ray Tune
     # experiment in a task=tune run dir).
     resumes: str = "checkpoint"
@@ -120,6 +129,12 @@ class Task:
     @property
     def name(self) -> str:
         return self.settings.name
+
+    @property
+    def reads_checkpoint(self) -> bool:
+        """A task that reads a trained checkpoint (task.checkpoint, `checkpoint=` on the
+        command line): its run's config is composed as resume= does."""
+        return issubclass(self.settings, ReadsCheckpoint)
 
     def checkpoint_source(self, cfg: DictConfig) -> tuple[str, str] | None:
         """(path, the setting that named it): resume= for training, checkpoint= for a task

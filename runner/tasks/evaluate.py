@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from runner.console import console, progress
 from runner.errors import ConfigError
 from runner.results.files import EVAL, versions, write_csv, write_json
-from runner.schema import RunnerConfig, TaskSettings
+from runner.schema import ReadsCheckpoint, RunnerConfig
 from runner.tasks.base import Task, TaskRun, own_settings
 
 if TYPE_CHECKING:  # light at import: the task's heavy modules load when it runs
@@ -41,12 +41,11 @@ _COUNTER, _COUNTER_HANDLE = "runner_evaluation_episodes", "_runner_episode_count
 
 
 @dataclass
-class EvaluateSettings(TaskSettings):
+class EvaluateSettings(ReadsCheckpoint):
     """Whole episodes with the trained policy; what they returned and, if asked, a video."""
 
     name: ClassVar[str] = "evaluate"
 
-    checkpoint: str | None = None  # a run dir or checkpoint dir (`checkpoint=` for short)
     episodes: int = 20
     explore: bool = False  # sample from the action distribution instead of its mode
     video: bool = False
@@ -56,11 +55,6 @@ class EvaluateSettings(TaskSettings):
 def check(settings: RunnerConfig, spec: CompileSpec | None) -> list[str]:
     """Bad settings: one line before anything is built."""
     task = own_settings(settings, EvaluateSettings)
-    if not task.checkpoint:
-        raise ConfigError(
-            "task=evaluate needs checkpoint=<run dir or checkpoint dir> (a run this runner "
-            "trained, e.g. outputs/runs/<date>/<time>)"
-        )
     if task.episodes < 1 or task.video_episodes < 1:
         raise ConfigError(
             f"task.episodes={task.episodes} and task.video_episodes={task.video_episodes} "
@@ -81,7 +75,7 @@ def configure(config: AlgorithmConfig, settings: RunnerConfig) -> None:
     task = own_settings(settings, EvaluateSettings)
     if task.video:
         video.check_renders(config)
-    assert task.checkpoint is not None  # check() refused a missing checkpoint=
+    assert task.checkpoint is not None  # validate() refused a missing checkpoint=
     checkpoint, _ = find_checkpoint(task.checkpoint, "checkpoint")
     trained.check_fits(trained.load_modules(checkpoint), config, settings.env)
     config.env_runners(num_env_runners=0)
@@ -251,5 +245,4 @@ TASK = Task(
     check=check,
     configure=configure,
     uses_compile=False,
-    reads_checkpoint=True,
 )

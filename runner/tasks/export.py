@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
 from runner.errors import ConfigError
-from runner.schema import RunnerConfig, TaskSettings
+from runner.schema import ReadsCheckpoint, RunnerConfig
 from runner.tasks.base import Task, TaskRun, own_settings
 
 if TYPE_CHECKING:
@@ -22,12 +22,11 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class ExportSettings(TaskSettings):
+class ExportSettings(ReadsCheckpoint):
     """The checkpoint's policy as policy.onnx + policy.json, checked against torch."""
 
     name: ClassVar[str] = "export"
 
-    checkpoint: str | None = None  # a run dir or checkpoint dir (`checkpoint=` for short)
     batch_sizes: list[int] = field(default_factory=lambda: [1, 16])
     tolerance: float = 1e-5  # largest absolute gap to the torch module allowed
     opset: int | None = None  # ONNX opset (null: the exporter's default)
@@ -35,11 +34,6 @@ class ExportSettings(TaskSettings):
 
 def check(settings: RunnerConfig, spec: CompileSpec | None) -> list[str]:
     task = own_settings(settings, ExportSettings)
-    if not task.checkpoint:
-        raise ConfigError(
-            "task=export needs checkpoint=<run dir or checkpoint dir> (a run this runner "
-            "trained, e.g. outputs/runs/<date>/<time>)"
-        )
     if not task.batch_sizes or min(task.batch_sizes) < 1:
         raise ConfigError(f"task.batch_sizes={task.batch_sizes}: give sizes of at least 1")
     return []
@@ -57,5 +51,4 @@ TASK = Task(
     check=check,
     needs_ray=False,
     uses_compile=False,
-    reads_checkpoint=True,
 )
