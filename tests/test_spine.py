@@ -251,7 +251,7 @@ def test_a_run_from_the_python_api_is_in_the_report(tmp_path: Path, monkeypatch,
     assert report.main([str(tmp_path / "outputs"), "--out", str(tmp_path / "report")]) == 0
     assert "1 run(s) with a check, 1 rows" in capsys.readouterr().out
     table = (tmp_path / "report" / "verification.md").read_text()
-    assert "stop.iterations=1 | 1 | 1/1 |" in table  # its row: 1 seed, passed
+    assert "debug=tiny | 1 | 1/1 |" in table  # its row: 1 seed, passed
 
 
 def test_each_api_run_gets_its_own_run_dir(tmp_path: Path, monkeypatch):

@@ -170,7 +170,8 @@ def test_mlflow_holds_the_training_run_with_params_metrics_and_artifacts(
     (run,) = [r for r in runs if r.info.run_name == "tracked"]
     assert run.info.status == "FINISHED"
     params = run.data.params
-    assert params["algo.name"] == "PPO" and params["scaling.num_envs_per_env_runner"] == "8"
+    # The run's settings as composed: the README's command with debug=tiny (conf/debug/).
+    assert params["algo.name"] == "PPO" and params["scaling.num_envs_per_env_runner"] == "2"
     assert params["algo.training.train_batch_size_per_learner"] == "400"
     assert {k: run.data.tags[k] for k in ("task", "algo", "env", "hardware", "compile")} == {
         "task": "train",
