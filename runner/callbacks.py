@@ -24,16 +24,63 @@ import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+from runner.check import Check
 from runner.console import console
 from runner.errors import RunEnded, RunnerError
 from runner.results.files import ENV_RUNNER_ERROR, MetricsLog, env_step
-from runner.schema import NonFinite, StopConfig
+from runner.schema import NonFinite, RunnerConfig, StopConfig
 
 if TYPE_CHECKING:
-    from runner.loop import Training
     from runner.tasks.base import TaskRun
+
+
+@dataclass
+class Progress:
+    """A training run as it goes: its rows, its outcome, and what it kept."""
+
+    check: Check
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    best: float | None = None
+    best_eval: float | None = None
+    last_eval: float | None = None  # the newest evaluation return (eval.every)
+    # finished | interrupted | aborted | stalled | non_finite | failed
+    status: str = "finished"
+    reason: str = ""
+    signum: int | None = None
+    abandoned: bool = False  # the iteration in flight outlived the grace after a signal
+    error: Exception | None = None
+    restarts: dict[str, list[dict[str, int]]] = field(default_factory=dict)
+    # Per component, RLlib's last (lifetime restarts, healthy actors).
+    actor_counts: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    def end(self, status: str, reason: str) -> None:
+        self.status, self.reason = status, reason
+
+    @property
+    def iteration(self) -> int | None:
+        return self.rows[-1]["iteration"] if self.rows else None
+
+
+class Training(Protocol):
+    """What a callback reads of the one loop's training (runner/loop.py's Training): what
+    it decides goes back as on_iteration's return (a Tune trial's reporter, last, saves
+    the checkpoint Tune takes with a trial's last result itself)."""
+
+    run: TaskRun
+    settings: RunnerConfig
+    progress: Progress
+    algo: Any
+    saved: Path | None  # the checkpoint this iteration wrote, if any
+
+    @property
+    def faulted(self) -> bool: ...
+
+    @property
+    def objective(self) -> float | None: ...
+
+    def save_checkpoint(self) -> Path | None: ...
 
 
 @dataclass(frozen=True)

@@ -18,12 +18,11 @@ import contextlib
 import signal
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from runner import callbacks
-from runner.callbacks import Callback, Decision, Iteration
+from runner.callbacks import Callback, Decision, Iteration, Progress
 from runner.check import Check
 from runner.console import console
 from runner.errors import RunnerError, one_line
@@ -44,33 +43,6 @@ def carry_last_return(row: dict[str, Any], previous: dict[str, Any] | None) -> N
         row["return_age"] = previous["return_age"] + 1
     else:
         row["last_episode_return_mean"], row["return_age"] = None, None
-
-
-@dataclass
-class Progress:
-    """A training run as it goes: its rows, its outcome, and what it kept."""
-
-    check: Check
-    rows: list[dict[str, Any]] = field(default_factory=list)
-    best: float | None = None
-    best_eval: float | None = None
-    last_eval: float | None = None  # the newest evaluation return (eval.every)
-    # finished | interrupted | aborted | stalled | non_finite | failed
-    status: str = "finished"
-    reason: str = ""
-    signum: int | None = None
-    abandoned: bool = False  # the iteration in flight outlived the grace after a signal
-    error: Exception | None = None
-    restarts: dict[str, list[dict[str, int]]] = field(default_factory=dict)
-    # Per component, RLlib's last (lifetime restarts, healthy actors).
-    actor_counts: dict[str, tuple[int, int]] = field(default_factory=dict)
-
-    def end(self, status: str, reason: str) -> None:
-        self.status, self.reason = status, reason
-
-    @property
-    def iteration(self) -> int | None:
-        return self.rows[-1]["iteration"] if self.rows else None
 
 
 # Where RLlib's result holds each restarting component's lifetime restart count and

@@ -108,19 +108,12 @@ def _modules() -> dict[str, Path]:
 
 
 def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
-    """The runner modules `path` imports, at the top or inside a function (not those
-    imported for type hints only, under `if TYPE_CHECKING`: they run nothing)."""
+    """The runner modules `path` imports, at the top, inside a function, or for type hints
+    only (under `if TYPE_CHECKING`: a layer's types come from its own layer or below too,
+    and a circle of hints is a circle)."""
     tree = ast.parse(path.read_text())
-    hints_only = {
-        id(inner)
-        for node in ast.walk(tree)
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-        for inner in ast.walk(node)
-    }
     found = set()
     for node in ast.walk(tree):
-        if id(node) in hints_only:
-            continue
         names = []
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names = [f"{node.module}.{a.name}" for a in node.names] + [node.module]

@@ -37,8 +37,8 @@ if TYPE_CHECKING:  # light at import: the task's heavy modules load when it runs
     from ray import tune
     from ray.rllib.algorithms.algorithm import Algorithm
 
+    from runner.callbacks import Training
     from runner.compile.settings import CompileSpec
-    from runner.loop import Training
     from runner.plan import Plan
 
 
