@@ -50,11 +50,12 @@ def run(run: TaskRun) -> None:
     the outcome calls for (a signal's 128 + n, 1 for a stall, a non-finite value or a
     missed check, the crash itself)."""
     from runner import loop
+    from runner.callbacks import Progress
     from runner.compile import report as compile_report
     from runner.console import console
 
     figures = loop.train(run)
-    progress: loop.Progress = figures.pop("progress")
+    progress: Progress = figures.pop("progress")
     reports = figures.pop("compile_reports")
     compile_section, compile_line = compile_report.summarize(run.spec, reports, run.auto)
     if figures["iterations"] is not None:
