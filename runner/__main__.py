@@ -163,8 +163,9 @@ def _start_ray_early(cfg: DictConfig, task_name: str) -> dict[str, float]:
     if "runner.app" in sys.modules:
         return {}
     from runner import tasks
+    from runner.autos import measures_before_ray
     from runner.ray_session import cluster_address, start_ray
-    from runner.schema import AUTO, typed
+    from runner.schema import typed
 
     try:
         settings = typed(cfg)
@@ -176,7 +177,7 @@ def _start_ray_early(cfg: DictConfig, task_name: str) -> dict[str, float]:
         not task.needs_ray
         or settings.dry_run
         or cluster_address(settings.ray)
-        or settings.compile.backend == AUTO
+        or measures_before_ray(settings)
         or reads_earlier_run
     ):
         return {}

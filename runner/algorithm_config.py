@@ -20,6 +20,7 @@ from typing import Any
 
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.algorithms.registry import ALGORITHMS
+from ray.rllib.utils.from_config import NotProvided
 
 from runner.compile.apply import add_to_config
 from runner.compile.settings import CompileSpec
@@ -129,13 +130,12 @@ def env_runner_scaling(s: ScalingConfig) -> dict[str, Any]:
 
 
 def learner_scaling(s: ScalingConfig) -> dict[str, Any]:
-    """The scaling fields `AlgorithmConfig.learners()` takes (null CPUs: RLlib's "auto")."""
+    """The scaling fields `AlgorithmConfig.learners()` takes (null CPUs: RLlib's default)."""
+    cpus = NotProvided if s.num_cpus_per_learner is None else s.num_cpus_per_learner
     return {
         "num_learners": s.num_learners,
         "num_gpus_per_learner": s.num_gpus_per_learner,
-        "num_cpus_per_learner": "auto"
-        if s.num_cpus_per_learner is None
-        else s.num_cpus_per_learner,
+        "num_cpus_per_learner": cpus,
     }
 
 

@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from rich.table import Table
 
-from runner import job_hooks, machine, placement, preflight, scaling_auto, tasks
+from runner import autos, job_hooks, machine, placement, preflight, tasks
 from runner.algorithm_config import build_algorithm_config, default_config_for
 from runner.callbacks import describe_stops
 from runner.check import Check
@@ -50,7 +50,7 @@ from runner.results.files import (
 )
 from runner.resume import SEARCH_DIR, compose_for_resume
 from runner.reward_scaling import describe as describe_rewards
-from runner.schema import AUTO, BUDGETS, RunnerConfig, is_stop_default, setting, typed
+from runner.schema import BUDGETS, RunnerConfig, is_stop_default, setting, typed
 from runner.shutdown import Interrupted, Watch, signal_name
 from runner.tasks.base import Task, TaskRun
 from runner.validate import validate
@@ -60,7 +60,8 @@ log = logging.getLogger("runner")
 
 @dataclass
 class Prepared:
-    """A job composed and planned, before anything runs."""
+    """A job composed and planned, before anything runs: no auto left in its settings or
+    spec (`autos`: what each auto chose, for the record)."""
 
     settings: RunnerConfig
     task: Task
@@ -70,25 +71,31 @@ class Prepared:
     plan: Plan
     resources: machine.Resources
     placement: placement.Placement
+    autos: dict[str, Any]
 
 
 def prepare(settings: RunnerConfig, resources: machine.Resources | None = None) -> Prepared:
     """The Learner layout for the machine the job plans on (`resources`, default this
-    one), the task's own checks, compile checked once, then RLlib's AlgorithmConfig and
-    the plan of what the task will start. Starts nothing; imports the user's code named in
-    the config (from ray.runtime_env.py_modules dirs too)."""
+    one), the settings checked once, compile=auto and scaling=auto resolved (measured, or
+    read from their caches), then RLlib's AlgorithmConfig and the plan of what the task
+    will start. Starts no training; imports the user's code named in the config (from
+    ray.runtime_env.py_modules dirs too)."""
     import_py_modules_here(settings.ray.runtime_env)
     task = tasks.get(settings.task.name)
     resources = resources or machine.local_resources(settings.ray)
     placed = placement.resolve(settings, resources)
     spec, warnings = validate(settings, task)
+    resolved = autos.resolve(settings, spec, task, resources, planned)
+    settings, spec = resolved.settings, resolved.spec
+    placement.compile_workers(settings, spec, placed)
     config = build_algorithm_config(settings, spec)
     task.configure(config, settings)
     plan = task.scale_plan(make_plan(config, placed.notes), settings)
     if placement.fit_aggregators(config, plan, resources, placed, settings.preflight.strict):
         plan = task.scale_plan(make_plan(config, placed.notes), settings)
+    warnings += placed.warnings
     return Prepared(
-        settings, task, spec, warnings + placed.warnings, config, plan, resources, placed
+        settings, task, spec, warnings, config, plan, resources, placed, resolved.record
     )
 
 
@@ -201,32 +208,31 @@ def run(job: Job, start_time: float, attempt: Path | None = None) -> dict[str, A
     job, checkpoint = from_earlier_run(job, checkpoint)
     write_overrides(job.run_dir, job.overrides)
     startup = dict(job.startup)  # summary.json's `startup`: the seconds before training
-    settings, cluster, layout = resolved(job, startup)
+    settings, cluster = joined(job, startup)
     prepared = prepare(settings, cluster)
-    mirror = probed_mirror(settings, job.run_dir)
+    write_config(job, prepared)
+    mirror = probed_mirror(prepared.settings, job.run_dir)
     refuse_another_kind(prepared.task, checkpoint)
     plan, config = prepared.plan, prepared.config
     report = preflight.check(
-        settings, config, plan, prepared.resources, prepared.warnings, prepared.spec
+        prepared.settings, config, plan, prepared.resources, prepared.warnings, prepared.spec
     )
     write_json(job.run_dir / "algorithm_config.json", config.to_dict())
     write_json(job.run_dir / PLAN, {**plan.to_dict(), "preflight": report.to_dict()})
     for warning in report.warnings:
         log.warning(warning)
     totals = {"cpus": plan.total_cpus, "gpus": plan.total_gpus}
-    if settings.dry_run:
-        show_dry_run(prepared, report, job, mirror, layout)
+    if prepared.settings.dry_run:
+        show_dry_run(prepared, report, job, mirror)
         return {**totals, "preflight_problems": report.problems}
     if not report.ok:
         raise PreflightError("; ".join(report.problems))
-    if settings.verbose:
+    if prepared.settings.verbose:
         print_changed(prepared)
     for line in start_lines(prepared, job.choices, job.cfg):
         console.print(line)
     task_run = make_task_run(prepared, job, start_time, checkpoint, history, startup)
-    extra = {"scaling_auto": layout} if layout else {}
-    auto = prepared.spec is not None and prepared.spec.backend == AUTO
-    hooks = job_hooks.for_job(prepared.task, job, plan.main_gpus, mirror, extra, auto)
+    hooks = job_hooks.for_job(prepared.task, job, plan.main_gpus, mirror)
     job_hooks.run(hooks, task_run, lambda: supervised(prepared.task, task_run))
     return {**totals, "summary": task_run.summary}
 
@@ -249,26 +255,29 @@ def from_earlier_run(job: Job, checkpoint: Path | None) -> tuple[Job, Path | Non
     ), checkpoint
 
 
-def resolved(
+def joined(
     job: Job, startup: dict[str, float | None]
-) -> tuple[RunnerConfig, machine.Resources | None, dict[str, Any] | None]:
-    """The typed settings with scaling=auto's layout chosen (measured, or read from its
-    cache, before anything else is built), on the cluster the job joins (its resources;
-    None: this machine's); config.yaml written with that choice."""
-    cfg, settings = job.cfg, typed(job.cfg)
-    cluster, layout = None, None
-    if address := cluster_address(settings.ray):
-        if joined := joined_by_environment(settings.ray):
-            console.print(joined)
-        job_hooks.timed_ray_start(settings, startup)
-        cluster = machine.cluster_resources(address)
-    if settings.scaling.auto.enabled:
-        here = cluster or machine.local_resources(settings.ray)
-        settings, layout = scaling_auto.choose(settings, here, planned)
-        console.print(scaling_auto.describe(layout))
-        cfg.scaling = OmegaConf.structured(settings.scaling)  # the run dir's config: the choice
+) -> tuple[RunnerConfig, machine.Resources | None]:
+    """The typed settings, and the resources of the cluster the job joins (None: this
+    machine's)."""
+    settings = typed(job.cfg)
+    address = cluster_address(settings.ray)
+    if not address:
+        return settings, None
+    if message := joined_by_environment(settings.ray):
+        console.print(message)
+    job_hooks.timed_ray_start(settings, startup)
+    return settings, machine.cluster_resources(address)
+
+
+def write_config(job: Job, prepared: Prepared) -> None:
+    """config.yaml: the composed config, with scaling=auto's choice where it chose."""
+    cfg = job.cfg
+    if section := prepared.autos.get("scaling_auto"):
+        for key, value in section["chosen"].items():
+            cfg.scaling[key] = value
+        cfg.scaling.auto.enabled = False
     (job.run_dir / CONFIG).write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    return settings, cluster, layout
 
 
 def probed_mirror(settings: RunnerConfig, run_dir: Path) -> remote.Mirror | None:
@@ -290,11 +299,7 @@ def refuse_another_kind(task: Task, checkpoint: Path | None) -> None:
 
 
 def show_dry_run(
-    prepared: Prepared,
-    report: preflight.Report,
-    job: Job,
-    mirror: remote.Mirror | None,
-    layout: dict[str, Any] | None,
+    prepared: Prepared, report: preflight.Report, job: Job, mirror: remote.Mirror | None
 ) -> None:
     """What the job would run, on the console: the config, RLlib's changed settings, the
     start lines, the plan and what the preflight would refuse."""
@@ -305,10 +310,8 @@ def show_dry_run(
         console.print(line)
     console.rule("plan")
     print_plan(prepared.plan, report, prepared.resources)
-    if prepared.spec is not None and prepared.spec.backend == AUTO:
-        console.print("compile=auto: measured (or read from its cache) when the run starts")
     mirrored = f" (results.uri: {mirror.uri} takes a write)" if mirror else ""
-    done = "nothing trained" if layout else "nothing started"
+    done = "nothing trained" if prepared.autos else "nothing started"
     console.print(f"dry run: {done}; files in {job.run_dir}{mirrored}")
 
 
@@ -356,6 +359,9 @@ def make_task_run(
 ) -> TaskRun:
     """The task's input, before the job's hooks fill in theirs."""
     settings = prepared.settings
+    record: dict[str, Any] = {"startup": startup}
+    if "scaling_auto" in prepared.autos:  # the record's section on the layout chosen
+        record["scaling_auto"] = prepared.autos["scaling_auto"]
     return TaskRun(
         settings=settings,
         config=prepared.config,
@@ -367,5 +373,6 @@ def make_task_run(
         history=history,
         choices=job.choices,
         compose=job.compose,
-        record={"startup": startup},
+        auto=prepared.autos.get("compile_auto"),
+        record=record,
     )

@@ -12,7 +12,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from runner.compile.apply import add_to_config
 from runner.console import console
 from runner.errors import RunnerError, one_line
 from runner.job import Job
@@ -71,7 +70,7 @@ class Trackers(JobHook):
         self.job = job
 
     def start(self, run: TaskRun) -> None:
-        run.tracker = tracking.start(run.settings, self.job)
+        run.tracker = tracking.start(run.settings, self.job, run.compiled)
 
     def end(self, run: TaskRun, ended: Ended) -> None:
         run.tracker.finish(run.files, ended.status)
@@ -80,8 +79,8 @@ class Trackers(JobHook):
 class Record(JobHook):
     """summary.json, however the task ended: what every record holds, then the task's."""
 
-    def __init__(self, job: Job, extra: dict[str, Any]) -> None:
-        self.job, self.extra = job, extra
+    def __init__(self, job: Job) -> None:
+        self.job = job
 
     def end(self, run: TaskRun, ended: Ended) -> None:
         fields = {
@@ -91,26 +90,12 @@ class Record(JobHook):
             "overrides": self.job.overrides,
             "choices": self.job.choices,
             **run.provenance,
-            **self.extra,
             **run.record,
         }
         try:
             run.summary = record.write(run.files, fields)
         except OSError as ex:  # a full disk
             raise RunnerError(f"the run record could not be written in {run.files}: {ex}") from ex
-
-
-class CompileAuto(JobHook):
-    """compile=auto: each component's preset measured (or read from its cache) before Ray
-    takes the CPUs, and the AlgorithmConfig set to compile with the choice."""
-
-    def start(self, run: TaskRun) -> None:
-        from runner.compile import auto as compile_auto  # torch._dynamo: only for compile=auto
-
-        run.auto = compile_auto.choose(run.settings, run.config)
-        console.print(compile_auto.describe(run.auto))
-        run.spec = compile_auto.chosen_spec(run.settings, run.auto)
-        add_to_config(run.config, run.spec)
 
 
 class RaySession(JobHook):
@@ -159,19 +144,11 @@ def end_all(began: list[JobHook], run: TaskRun, ended: Ended) -> None:
         raise first
 
 
-def for_job(
-    task: Task,
-    job: Job,
-    main_gpus: float,
-    mirror: remote.Mirror | None,
-    extra: dict[str, Any],
-    compile_auto: bool,
-) -> list[JobHook]:
-    """The job's hooks, in the order they start (`extra`: more of the record's fields)."""
+def for_job(task: Task, job: Job, main_gpus: float, mirror: remote.Mirror | None) -> list[JobHook]:
+    """The job's hooks, in the order they start."""
     hooks: list[JobHook] = [Mirror(mirror)] if mirror is not None else []
     hooks += [Trackers(job)] if task.tracked else []
-    hooks.append(Record(job, extra))
-    hooks += [CompileAuto()] if compile_auto else []
+    hooks.append(Record(job))
     if task.needs_ray:
         hooks.append(RaySession())
         hooks += [DriverGpus(main_gpus)] if main_gpus else []

@@ -6,8 +6,8 @@ may use (no GPU: one remote CPU Learner; one GPU: a local Learner on it; N GPUs:
 Learners of one GPU each); the other algorithms a local Learner with the hardware
 profile's GPUs. An explicit IMPALA/APPO layout against the guide runs, with one warning.
 A remote GPU Learner that compiles gets CPUs for inductor's compile workers, which
-otherwise run on one thread: RLlib's "auto" gives a GPU Learner no CPU. Aggregator actors
-(IMPALA's and APPO's, 1 CPU each) that would leave the plan's actors more CPUs than the
+otherwise run on one thread: RLlib's default (auto) gives a GPU Learner no CPU. Aggregator
+actors (IMPALA's and APPO's, 1 CPU each) that would leave the plan's actors more CPUs than the
 machine has are fewer, to what fits (`fit_aggregators`).
 """
 
@@ -23,6 +23,7 @@ from runner.schema import Accelerator, RunnerConfig
 if TYPE_CHECKING:
     from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 
+    from runner.compile.settings import CompileSpec
     from runner.plan import Plan
 
 # The scaling guide's learner-placement rule is written for these algorithms.
@@ -81,16 +82,21 @@ def resolve(settings: RunnerConfig, res: Resources) -> Placement:
                     "for the guide's layout"
                 )
     _fill_defaults(settings)
-    assert s.num_learners is not None and s.num_gpus_per_learner is not None  # just filled
-    compiles = settings.compile.backend is not None and settings.compile.learners
+    return placement
+
+
+def compile_workers(settings: RunnerConfig, spec: CompileSpec | None, placement: Placement) -> None:
+    """A remote GPU Learner that compiles (by the spec, compile=auto's choice made) gets
+    CPUs for inductor's compile workers, unless scaling.num_cpus_per_learner sets them."""
+    s = settings.scaling
+    assert s.num_learners is not None and s.num_gpus_per_learner is not None  # `resolve` filled
     remote_gpu = s.num_learners > 0 and s.num_gpus_per_learner > 0
-    if compiles and remote_gpu and s.num_cpus_per_learner is None:
+    if spec is not None and spec.learners and remote_gpu and s.num_cpus_per_learner is None:
         s.num_cpus_per_learner = float(COMPILE_CPUS_PER_GPU_LEARNER)
         placement.notes["learner"] = (
             f"{COMPILE_CPUS_PER_GPU_LEARNER:g} CPUs each for inductor's compile workers "
             "(scaling.num_cpus_per_learner sets them)"
         )
-    return placement
 
 
 def _fill_defaults(settings: RunnerConfig) -> None:

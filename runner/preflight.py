@@ -16,12 +16,12 @@ from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.env.multi_agent_env import MultiAgentEnv
 
 from runner.check import Check
-from runner.compile.settings import CompileSpec, missing_packages, module_device
+from runner.compile.settings import CompileSpec, missing_packages
 from runner.envs import agent_ids, make_env, setting
 from runner.errors import ConfigError, did_you_mean
 from runner.machine import Resources, capability_tuple, has_kernels, is_gpu_of
 from runner.plan import AGGREGATOR, ASYNC_ENVS, Plan
-from runner.schema import AUTO, Accelerator, RunnerConfig
+from runner.schema import Accelerator, RunnerConfig
 from runner.short_stack import on_short_stack
 
 # Async env processes per CPU past which stepping them is slower than sync vectorization.
@@ -49,7 +49,7 @@ class Report:
         return {"ok": self.ok, **asdict(self)}
 
 
-def _cpu_build() -> str:
+def cpu_build() -> str:
     cpu_only = torch.version.cuda is None and torch.version.hip is None
     return f" (torch {torch.__version__} is a CPU build)" if cpu_only else ""
 
@@ -70,7 +70,7 @@ def _hardware_problems(settings: RunnerConfig, plan: Plan, res: Resources) -> li
         gpu = f"an NVIDIA {hw.gpu_name} GPU" if hw.gpu_name else "an NVIDIA GPU"
         problems.append(
             f"hardware={hw.name} expects {gpu} but {res.where} has no GPU"
-            f"{_cpu_build() if res.local else ''}; use hardware=cpu, connect to a GPU cluster "
+            f"{cpu_build() if res.local else ''}; use hardware=cpu, connect to a GPU cluster "
             f"with ray.address=..., {FORCE_HINT}"
         )
     elif hw.accelerator == Accelerator.cuda and hw.gpu_name and res.gpu_names:
@@ -108,7 +108,7 @@ def _driver_gpu_problems(settings: RunnerConfig, plan: Plan, res: Resources) -> 
         fix += " or give the Learner an actor of its own with scaling.num_learners=1"
     return [
         f"the main process ({main.note}) needs {plan.main_gpus:g} GPU, but this process sees "
-        f"no GPU through torch.cuda{_cpu_build()}"
+        f"no GPU through torch.cuda{cpu_build()}"
         + ("" if res.local else "; Ray never schedules the driver: no cluster GPU serves it")
         + f"; {fix}, {FORCE_HINT}"
     ]
@@ -250,30 +250,6 @@ def cpu_shortfall(plan: Plan, res: Resources) -> tuple[list[str], list[str]]:
             f"driver on {res.cpus:g} CPUs: they will share cores"
         ]
     return [], []
-
-
-def _compile_auto_devices(
-    settings: RunnerConfig, spec: CompileSpec | None, res: Resources
-) -> list[str]:
-    """compile=auto times each component kind in this process, on the device it will run
-    on: a GPU component needs a GPU this process sees."""
-    if spec is None or spec.backend != AUTO or res.driver_gpus:
-        return []
-    from runner.compile import auto  # torch._dynamo: only for compile=auto
-
-    on_gpu = [
-        kind.replace("_", " ")
-        for kind in auto.wanted_kinds(settings)
-        if module_device(settings.scaling, kind) == "cuda"
-    ]
-    if not on_gpu:
-        return []
-    return [
-        f"compile=auto times each component in this process on its own device, and the "
-        f"{' and '.join(on_gpu)} run on a GPU, but this process sees no GPU through "
-        f"torch.cuda{_cpu_build()}; run the command on a GPU node, or pick a preset "
-        "(e.g. compile=inductor_default)"
-    ]
 
 
 def check_env(settings: RunnerConfig, config: AlgorithmConfig) -> None:
@@ -429,7 +405,6 @@ def check(
     cpu_problems, cpu_warnings = cpu_shortfall(plan, res)
     report.problems += cpu_problems
     report.warnings += cpu_warnings
-    report.problems += _compile_auto_devices(settings, spec, res)
     if (
         report.problems
         and (settings.reproduction or Check(settings.check).active)

@@ -19,20 +19,16 @@ sampling anything.
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from runner.budget import Budget
 from runner.errors import ConfigError
 from runner.machine import Resources, cpu_model
-from runner.results.files import read_cached, write_json
-from runner.schema import RunnerConfig, ScalingAutoConfig
+from runner.measure_cache import cache_dir, cache_file, measured_or_cached
+from runner.schema import RunnerConfig
 
 if TYPE_CHECKING:
     from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
@@ -58,15 +54,6 @@ class Layout:
         return f"{runners} x {envs} envs ({mode})"
 
 
-def default_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-    return Path(base) / "rllib-runner" / "scaling-auto"
-
-
-def cache_dir(auto: ScalingAutoConfig) -> Path:
-    return Path(auto.cache_dir) if auto.cache_dir else default_cache_dir()
-
-
 def check(settings: RunnerConfig) -> None:
     """scaling=auto's own settings, before anything is built or measured."""
     auto = settings.scaling.auto
@@ -75,12 +62,6 @@ def check(settings: RunnerConfig) -> None:
             f"scaling=auto picks the layout of one training run, not task={settings.task.name}'s: "
             "run `python -m runner scaling=auto dry_run=true` with the same settings and set "
             "the layout it prints (scaling.num_env_runners=... scaling.num_envs_per_env_runner=...)"
-        )
-    if settings.compile.backend == "auto":
-        raise ConfigError(
-            "scaling=auto and compile=auto each measure with the other's choice fixed: pick "
-            "the layout first (python -m runner scaling=auto dry_run=true), set it with "
-            "scaling.num_env_runners=... scaling.num_envs_per_env_runner=..., then compile=auto"
         )
     bad_modes = sorted(set(auto.vectorize_modes) - set(MODES))
     if bad_modes or not auto.vectorize_modes:
@@ -228,11 +209,6 @@ def cache_key(settings: RunnerConfig, config: AlgorithmConfig, resources: Resour
     }
 
 
-def _cache_file(auto: ScalingAutoConfig, key: dict[str, Any]) -> Path:
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
-    return cache_dir(auto) / f"layouts-{digest[:20]}.json"
-
-
 # Measurements that follow the last candidate: the fastest and the configured layout again.
 FINAL_MEASUREMENTS = 2
 BUDGET_SPENT = "left out: scaling.auto.budget_seconds spent"
@@ -374,22 +350,16 @@ def choose(
     from runner.ray_session import start_ray
 
     auto = settings.scaling.auto
-    key = cache_key(settings, plan(settings, resources)[0], resources)
-    path = _cache_file(auto, key)
+    configured = plan(with_layout(settings, baseline(settings)), resources)[0]
+    key = cache_key(settings, configured, resources)
+    path = cache_file(cache_dir(auto.cache_dir, "scaling-auto"), "layouts", key)
     start = time.perf_counter()
-    cached = None if auto.refresh else read_cached(path, key)
-    rows, source = (cached["rows"], "cache") if cached is not None else (None, "measured")
-    if rows is None:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as ex:
-            raise ConfigError(
-                f"scaling.auto.cache_dir '{path.parent}' is not writable ({ex.strerror}); point "
-                "scaling.auto.cache_dir at a writable dir"
-            ) from None
+
+    def measured() -> list[dict[str, Any]]:
         start_ray(settings.ray, settings.compile.cache_dir)
-        rows = measure_all(settings, resources, plan)
-        write_json(path, {"key": key, "rows": rows})
+        return measure_all(settings, resources, plan)
+
+    rows, source = measured_or_cached(path, key, auto.refresh, measured, "scaling.auto.cache_dir")
     section = {
         **decide(rows, baseline(settings), auto.margin),
         "source": source,

@@ -149,8 +149,8 @@ class ScalingConfig:
     (see algorithm_config.py). `num_learners` and `num_gpus_per_learner` null: the runner
     picks for the machine it plans on (runner/placement.py: the scaling guide's layout for
     IMPALA and APPO, else a local Learner with the hardware profile's GPUs).
-    `num_cpus_per_learner: null` keeps RLlib's "auto" (1 CPU per CPU Learner, 0 per GPU
-    one), except for a compiling remote GPU Learner (runner/placement.py).
+    `num_cpus_per_learner: null` keeps RLlib's own default, auto (1 CPU per CPU Learner,
+    0 per GPU one), except for a compiling remote GPU Learner (runner/placement.py).
     """
 
     num_env_runners: int = MISSING

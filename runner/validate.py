@@ -15,11 +15,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from runner import scaling_auto
+from runner import autos
 from runner.errors import ConfigError
 from runner.results import remote
 from runner.schema import (
-    AUTO,
     SPELLINGS,
     AlgoConfig,
     CheckOn,
@@ -175,8 +174,8 @@ def check_n_step(algo: AlgoConfig) -> None:
     DQN validation compares an explicit rollout_fragment_length with it, which a range
     fails with a TypeError: one line naming both settings instead."""
     n_step = algo.training.get("n_step")
-    fragment = algo.env_runners.get("rollout_fragment_length", "auto")
-    if algo.name == "DQN" and isinstance(n_step, list | tuple) and fragment != "auto":
+    fragment = algo.env_runners.get("rollout_fragment_length")
+    if algo.name == "DQN" and isinstance(n_step, list | tuple) and isinstance(fragment, int):
         raise ConfigError(
             f"algo.env_runners.rollout_fragment_length={fragment} with algo.training.n_step="
             f"{list(n_step)}: RLlib's DQN checks a fragment length against one n-step value, "
@@ -206,8 +205,7 @@ def check_settings(settings: RunnerConfig) -> None:
     Ray or RLlib needed (a user's callback class is imported to check it)."""
     check_spelling(settings.env)
     check_scaling(settings.scaling)
-    if settings.scaling.auto.enabled:
-        scaling_auto.check(settings)
+    autos.check_settings(settings)
     check_run(settings)
     check_n_step(settings.algo)
     if settings.algo.fast_step.updates_per_call < 1:
@@ -237,16 +235,9 @@ def validate(settings: RunnerConfig, task: Task) -> tuple[CompileSpec | None, li
     from runner.compile import settings as compile_settings  # torch
 
     check_settings(settings)
-    spec, warnings = compile_settings.resolve(settings.compile) if task.uses_compile else (None, [])
-    if spec is not None and spec.backend == AUTO:
-        if not task.compile_auto:
-            raise ConfigError(
-                f"task={task.name} compares one compile preset with eager; compile=auto "
-                "picks one per component for training: compare them all with task=autotune"
-            )
-        from runner.compile import auto  # torch._dynamo: only for compile=auto
-
-        auto.check(settings)
+    spec, warnings = None, autos.check(settings, task)
+    if task.uses_compile and not autos.compile_auto(settings):  # auto: resolved after this
+        spec, warnings = compile_settings.resolve(settings.compile)
     if isinstance(settings.task, ReadsCheckpoint) and not settings.task.checkpoint:
         raise ConfigError(
             f"task={task.name} needs checkpoint=<run dir or checkpoint dir> (a run this "

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch._dynamo  # noqa: F401  # imported first: at import it asks the real CPU build
 
 
 @dataclass(frozen=True)

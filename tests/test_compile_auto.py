@@ -8,9 +8,10 @@ import csv
 from pathlib import Path
 
 import pytest
-from conftest import prepared, run_cli
+from conftest import compose_config, prepared, run_cli
 
 from runner.compile import auto
+from runner.schema import typed
 
 TESTS = Path(__file__).resolve().parent
 CANDIDATES = ["inductor/default", "onnxrt/default", "cudagraphs/default"]
@@ -94,7 +95,8 @@ def test_autotune_then_compile_auto_reuses_its_measurement_then_refreshes(tmp_pa
 
 def test_a_spent_budget_compiles_nothing_and_keeps_eager(tmp_path: Path):
     """compile.auto.budget_seconds below the timed rounds it must leave: no candidate
-    compiles, each usable one is recorded as left out, eager stays."""
+    compiles, each usable one is recorded as left out, eager stays (the job is prepared
+    with that choice: nothing compiles)."""
     job = prepared(
         [
             "compile=auto",
@@ -104,7 +106,8 @@ def test_a_spent_budget_compiles_nothing_and_keeps_eager(tmp_path: Path):
             f"compile.auto.cache_dir={tmp_path}",
         ]
     )
-    section = auto.choose(job.settings, job.config)
+    section = job.autos["compile_auto"]
+    assert job.spec is None and job.config.callbacks_on_algorithm_init is None
     for kind in auto.wanted_kinds(job.settings):
         assert section[kind]["choice"] == "eager"
         reasons = {c["preset"]: c.get("reason") for c in section[kind]["candidates"]}
@@ -112,21 +115,19 @@ def test_a_spent_budget_compiles_nothing_and_keeps_eager(tmp_path: Path):
         assert not any(c["status"] == "measured" for c in section[kind]["candidates"])
 
 
-def test_compile_auto_defers_compile_until_the_choice_and_can_split_it():
-    job = prepared(["compile=auto"])
-    assert job.spec.backend == "auto"
-    assert job.config.callbacks_on_algorithm_init is None  # nothing compiles until chosen
+def test_compile_auto_can_split_its_choice_between_component_kinds():
+    settings = typed(compose_config(["compile=auto"]))
     section = {
         "env_runners": {"choice": "onnxrt/default"},
         "learners": {"choice": "inductor/max-autotune"},
     }
-    spec = auto.chosen_spec(job.settings, section)
+    spec = auto.chosen_spec(settings, section)
     assert spec.env_runners and spec.learners
     assert (spec.backend, spec.for_learners().backend) == ("onnxrt", "inductor")
     assert spec.for_learners().mode == "max-autotune"
     assert spec.preset == "onnxrt/default on EnvRunners, inductor/max-autotune on Learners"
     section["env_runners"]["choice"] = "eager"
-    only_learners = auto.chosen_spec(job.settings, section)
+    only_learners = auto.chosen_spec(settings, section)
     assert not only_learners.env_runners and only_learners.preset == "inductor/max-autotune"
     section["learners"]["choice"] = "eager"
-    assert auto.chosen_spec(job.settings, section) is None
+    assert auto.chosen_spec(settings, section) is None

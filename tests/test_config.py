@@ -9,7 +9,7 @@ from conftest import compose_config, prepared
 from omegaconf import DictConfig
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 
-from runner import CONFIG_DIR, algorithm_config, placement, published
+from runner import CONFIG_DIR, algorithm_config, autos, placement, published
 from runner.compile.settings import resolve
 from runner.errors import ConfigError
 from runner.machine import local_resources
@@ -27,7 +27,8 @@ def built(cfg: DictConfig) -> tuple[RunnerConfig, AlgorithmConfig]:
     AlgorithmConfig (a task's own checks, e.g. a missing checkpoint=, are not run)."""
     settings = typed(cfg)
     placement.resolve(settings, local_resources(settings.ray))
-    spec, _ = resolve(settings.compile)
+    # compile=auto's choice is measured (runner/autos.py): it builds eager until then.
+    spec = None if autos.compile_auto(settings) else resolve(settings.compile)[0]
     return settings, algorithm_config.build_algorithm_config(settings, spec)
 
 

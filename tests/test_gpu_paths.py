@@ -18,9 +18,9 @@ from conftest import compose_config
 from simulated_gpu import CUDA13_ARCHS, CUDA126_ARCHS, MODELS, simulate, simulate_cluster
 
 import runner
-from runner import machine, preflight
+from runner import autos, machine, placement, preflight
 from runner.app import Prepared, prepare
-from runner.errors import ConfigError
+from runner.errors import ConfigError, PreflightError
 from runner.schema import typed
 
 PROFILES = list(MODELS)
@@ -125,9 +125,8 @@ COMPILES = [
     "inductor_ma",
     "cudagraphs_default",
     "onnxrt_default",
-    "auto",
 ]
-COMPILES_LEARNERS = {"inductor_default", "inductor_ro", "inductor_ma", "cudagraphs_default", "auto"}
+COMPILES_LEARNERS = {"inductor_default", "inductor_ro", "inductor_ma", "cudagraphs_default"}
 CUDA_GRAPHS = {"inductor_ro", "inductor_ma", "cudagraphs_default"}
 # On hardware=a100 with 2 GPUs and 16 CPUs, by scaling group: role -> (count, CPUs, GPUs);
 # "C" is the CPUs of a remote GPU Learner (2 where it compiles, else RLlib's 0).
@@ -146,7 +145,9 @@ SCALINGS = {
 def test_compile_and_scaling_groups_on_two_a100s(monkeypatch, compile_group: str, scaling: str):
     simulate(monkeypatch, "a100", 2)
     job, report = planned(["hardware=a100", f"compile={compile_group}", f"scaling={scaling}"])
-    learner_cpus = 2 if compile_group in COMPILES_LEARNERS else 0
+    # Under DDP cudagraphs' Learners compile with eager instead (below): no compile CPUs.
+    eager_ddp = compile_group == "cudagraphs_default" and scaling == "learners2"
+    learner_cpus = 2 if compile_group in COMPILES_LEARNERS and not eager_ddp else 0
     expected = {
         role: tuple(learner_cpus if v == "C" else v for v in row)
         for role, row in SCALINGS[scaling].items()
@@ -168,15 +169,20 @@ def test_compile_and_scaling_groups_on_two_a100s(monkeypatch, compile_group: str
 
 def test_compile_auto_refuses_gpu_learners_the_driver_cannot_time(monkeypatch):
     """A cluster's GPU Learners, driven from a machine with no GPU: compile=auto would time
-    them on a CUDA device this process does not have."""
+    them on a CUDA device this process does not have, so the job stops before measuring."""
     res = on_cluster(monkeypatch, "a100", 8)
     overrides = ["hardware=a100", "compile=auto", "scaling.num_learners=1"]
-    (problem,) = planned(overrides, res)[1].problems
+    with pytest.raises(PreflightError) as refused:
+        planned(overrides, res)
+    problem = str(refused.value)
     assert "the learners run on a GPU" in problem and "sees no GPU through torch.cuda" in problem
     assert "compile=inductor_default" in problem
-    # A driver on one of the cluster's GPU nodes times them.
+    # A driver on one of the cluster's GPU nodes times them (no CUDA kernel runs here: the
+    # check alone).
     simulate(monkeypatch, "a100", 1)
-    assert planned(overrides, machine.cluster_resources("10.0.0.1:6379"))[1].ok
+    settings, cluster = typed(compose_config(overrides)), machine.cluster_resources("10.0.0.1:6379")
+    placement.resolve(settings, cluster)
+    autos.refuse_unseen_gpus(settings, cluster)
 
 
 def test_onnxrt_on_gpu_evaluation_env_runners_is_refused(monkeypatch):

@@ -9,12 +9,13 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import prepared, run_cli
+from conftest import compose_config, prepared, run_cli
 
 from runner import scaling_auto
 from runner.machine import local_resources
-from runner.results.files import read_cached, write_json
+from runner.measure_cache import measured_or_cached
 from runner.scaling_auto import Layout
+from runner.schema import RunnerConfig, typed
 
 # 64 EnvRunners fit no machine the tests run on: the series that asks for them stops there.
 COMMON = [
@@ -34,6 +35,11 @@ def layout(row: dict) -> Layout:
     return scaling_auto._layout(row)
 
 
+def settings(overrides: list[str]) -> RunnerConfig:
+    """The typed settings, scaling=auto not yet resolved (a run's prepare measures it)."""
+    return typed(compose_config(overrides))
+
+
 @pytest.mark.slow
 def test_a_dry_run_measures_and_shows_the_choice_and_a_run_trains_with_it(tmp_path: Path):
     cache = f"scaling.auto.cache_dir={tmp_path / 'layouts'}"
@@ -42,7 +48,7 @@ def test_a_dry_run_measures_and_shows_the_choice_and_a_run_trains_with_it(tmp_pa
     assert "scaling=auto chose" in dry.stdout and "measured now" in dry.stdout
     assert "dry run: nothing trained" in dry.stdout
     [cache_file] = (tmp_path / "layouts").glob("layouts-*.json")
-    rows = json.loads(cache_file.read_text())["rows"]
+    rows = json.loads(cache_file.read_text())["figures"]
     measured = [r for r in rows if r["status"] == "measured"]
     # The configured layout (debug=tiny: 2 envs in the main process) first, then each series.
     assert layout(measured[0]) == Layout(0, 2, "sync")
@@ -78,10 +84,9 @@ def test_a_dry_run_measures_and_shows_the_choice_and_a_run_trains_with_it(tmp_pa
 
 def test_the_layouts_that_fit_follow_the_cpus_the_plan_counts():
     """A simulated larger machine (ray.num_cpus) lets more EnvRunners compete."""
-    base = prepared(["scaling=auto"]).settings
+    base = settings(["scaling=auto"])
     for cpus, fitting in ((2, {0, 1, 2}), (8, {0, 1, 2, 4, 8})):
-        settings = prepared(["scaling=auto", f"ray.num_cpus={cpus}"]).settings
-        resources = local_resources(settings.ray)
+        resources = local_resources(settings([f"ray.num_cpus={cpus}"]).ray)
         fit = set()
         for runners in base.scaling.auto.env_runners:
             plan = prepared([f"ray.num_cpus={cpus}", f"scaling.num_env_runners={runners}"]).plan
@@ -110,8 +115,7 @@ def test_the_configured_layout_stays_unless_a_candidate_beats_it_by_the_margin()
 
 
 def test_async_series_start_at_two_envs():
-    settings = prepared(["scaling=auto", "scaling.auto.env_runners=[1]"]).settings
-    series = scaling_auto.candidates(settings)
+    series = scaling_auto.candidates(settings(["scaling=auto", "scaling.auto.env_runners=[1]"]))
     assert [[x.num_envs_per_env_runner for x in s] for s in series] == [
         [1, 2, 4, 8, 16, 32, 64],
         [2, 4, 8, 16, 32, 64],
@@ -121,27 +125,37 @@ def test_async_series_start_at_two_envs():
 
 def test_env_runners_with_gpus_leave_local_sampling_out():
     """EnvRunners with a GPU each cannot be the driver's local one: no 0-runner layout."""
-    settings = prepared(
+    gpus = settings(
         [
             "scaling=auto",
             "scaling.num_env_runners=1",
             "scaling.num_gpus_per_env_runner=0.5",
             "scaling.auto.env_runners=[0,2]",
         ]
-    ).settings
-    assert {x.num_env_runners for s in scaling_auto.candidates(settings) for x in s} == {2}
+    )
+    assert {x.num_env_runners for s in scaling_auto.candidates(gpus) for x in s} == {2}
 
 
 def test_a_cache_file_cut_short_or_for_other_settings_is_measured_again(tmp_path: Path):
-    """compile=auto's and scaling=auto's caches read through one helper: a file that is not
-    whole JSON (a full disk, an edit by hand) or holds another key is no entry."""
-    key, path = {"env": "CartPole-v1"}, tmp_path / "layouts.json"
-    assert read_cached(path, key) is None
-    write_json(path, {"key": key, "rows": [{"env_steps_per_s": 1.0}]})
-    assert read_cached(path, key) == {"key": key, "rows": [{"env_steps_per_s": 1.0}]}
-    assert read_cached(path, {"env": "Pendulum-v1"}) is None
+    """compile=auto's and scaling=auto's measurements kept through one helper: measured
+    once, then read back under the same key; another key, refresh, or a file that is not
+    whole JSON (a full disk, an edit by hand) measures again."""
+    key, path, calls = {"env": "CartPole-v1"}, tmp_path / "cache" / "layouts.json", []
+
+    def measure() -> list[float]:
+        calls.append(1)
+        return [float(len(calls))]
+
+    def figures(key: dict, refresh: bool = False) -> tuple[list[float], str]:
+        return measured_or_cached(path, key, refresh, measure, "scaling.auto.cache_dir")
+
+    assert figures(key) == ([1.0], "measured")
+    assert figures(key) == ([1.0], "cache")
+    assert figures({"env": "Pendulum-v1"}) == ([2.0], "measured")  # and replaced the file
+    assert figures({"env": "Pendulum-v1"}, refresh=True) == ([3.0], "measured")
     path.write_text(path.read_text()[:20])
-    assert read_cached(path, key) is None
+    assert figures({"env": "Pendulum-v1"}) == ([4.0], "measured")
+    assert json.loads(path.read_text()) == {"key": {"env": "Pendulum-v1"}, "figures": [4.0]}
 
 
 @pytest.mark.slow
@@ -154,7 +168,7 @@ def test_a_spent_budget_leaves_the_other_layouts_out_and_says_so(tmp_path: Path)
     assert dry.returncode == 0, dry.stderr
     assert "scaling=auto [1 of at most 6, " in dry.stdout  # 4 layouts + 2 re-measurements
     [cache_file] = (tmp_path / "layouts").glob("layouts-*.json")
-    rows = json.loads(cache_file.read_text())["rows"]
+    rows = json.loads(cache_file.read_text())["figures"]
     by_status = {(layout(r), r["status"]) for r in rows}
     assert by_status == {
         (Layout(64, 2, "sync"), scaling_auto.NO_FIT),

@@ -34,7 +34,7 @@ LAYERS = [
         "check",
         "help",
         "machine",
-        "placement",
+        "measure_cache",
         "plan",
         "user_code",
         "ray_session",
@@ -70,6 +70,7 @@ LAYERS = [
         "compile.apply",
         "compile.report",
         "compile.auto",
+        "placement",
         "fast_step",
         "algorithm_config",
         "preflight",
@@ -80,7 +81,7 @@ LAYERS = [
         "results",
     },
     # the one loop and what watches it, the one settings check, the ONNX export
-    {"loop", "callbacks", "validate", "onnx_export"},
+    {"loop", "callbacks", "validate", "autos", "onnx_export"},
     # tasks
     {
         "tasks",

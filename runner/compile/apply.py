@@ -25,7 +25,6 @@ from ray.rllib.core.rl_module.multi_rl_module import MultiRLModule
 from ray.rllib.utils.actor_manager import RemoteCallResults
 
 from runner.compile.settings import MODE_BACKENDS, CompileSpec
-from runner.schema import AUTO
 from runner.user_code import beside
 
 if TYPE_CHECKING:  # dynamo (about 1 s to import) loads where a compile runs, not before
@@ -335,7 +334,7 @@ def add_to_config(config: AlgorithmConfig, spec: CompileSpec | None) -> None:
 
     A complete-update compile is RLlib's own (it works); the runner only wraps it to count.
     """
-    if spec is None or spec.backend == AUTO:  # auto: added once the choice is made
+    if spec is None:
         return
     config.callbacks(
         on_algorithm_init=beside(

@@ -19,9 +19,7 @@ run's expected calls and margin.
 from __future__ import annotations
 
 import copy
-import hashlib
 import importlib.metadata
-import json
 import math
 import os
 import statistics
@@ -39,6 +37,7 @@ from ray.rllib.core.columns import Columns
 from ray.rllib.core.rl_module.torch import TorchRLModule
 from torch._dynamo.utils import counters
 
+from runner import measure_cache
 from runner.algorithm_config import build_module
 from runner.budget import Budget
 from runner.compile.apply import compile_function
@@ -55,7 +54,7 @@ from runner.compile.settings import (
 from runner.envs import make_env, random_rollout
 from runner.errors import ConfigError, did_you_mean, one_line
 from runner.machine import cpu_model
-from runner.results.files import read_cached, write_json
+from runner.measure_cache import cache_dir, cache_file, writable
 from runner.schema import COMPONENT_KINDS, AutoConfig, RunnerConfig
 
 KINDS = COMPONENT_KINDS
@@ -78,13 +77,8 @@ class Component:
     calls_from: str  # how expected_calls was estimated
 
 
-def default_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-    return Path(base) / "rllib-runner" / "compile-auto"
-
-
-def cache_dir(auto: AutoConfig) -> Path:
-    return Path(auto.cache_dir) if auto.cache_dir else default_cache_dir()
+def decisions_dir(auto: AutoConfig) -> Path:
+    return cache_dir(auto.cache_dir, "compile-auto")
 
 
 def parse(preset: str) -> tuple[str, str | None]:
@@ -202,17 +196,7 @@ def check(settings: RunnerConfig, kinds: list[str] | None = None) -> None:
                 f"{device} ({why}); add one to compile.auto.candidates, e.g. "
                 "inductor/default"
             )
-    directory = cache_dir(auto)
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        probe = directory / f".probe-{os.getpid()}"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as ex:
-        raise ConfigError(
-            f"compile.auto.cache_dir '{directory}' is not writable ({ex.strerror}); point "
-            "compile.auto.cache_dir at a writable dir"
-        ) from ex
+    writable(decisions_dir(auto), "compile.auto.cache_dir")
 
 
 def module_and_batch(
@@ -454,12 +438,7 @@ def cache_key(
     }
 
 
-def _cache_file(auto: AutoConfig, key: dict[str, Any]) -> Path:
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
-    return cache_dir(auto) / f"{key['kind']}-{digest}.json"
-
-
-def measured_or_cached(
+def figures_for(
     settings: RunnerConfig,
     config: AlgorithmConfig,
     comp: Component,
@@ -473,13 +452,15 @@ def measured_or_cached(
     auto = settings.compile.auto
     module, batch = module_and_batch(config, comp)
     key = cache_key(comp, module, batch, auto)
-    path = _cache_file(auto, key)
-    cached = None if refresh else read_cached(path, key)
-    if cached is not None:
-        return cached["measured"], "cache", time.perf_counter() - start
-    figures = measure(comp, module, batch, auto, budget, kinds_left)
-    write_json(path, {"key": key, "measured": figures})
-    return figures, "measured", time.perf_counter() - start
+    path = cache_file(decisions_dir(auto), comp.kind, key)
+    figures, source = measure_cache.measured_or_cached(
+        path,
+        key,
+        refresh,
+        lambda: measure(comp, module, batch, auto, budget, kinds_left),
+        "compile.auto.cache_dir",
+    )
+    return figures, source, time.perf_counter() - start
 
 
 def choose(
@@ -494,7 +475,7 @@ def choose(
     auto = settings.compile.auto
     if settings.compile.cache_dir:  # inductor's cache, which the actors then load from
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(settings.compile.cache_dir).resolve())
-    section: dict[str, Any] = {"margin": auto.margin, "cache_dir": str(cache_dir(auto))}
+    section: dict[str, Any] = {"margin": auto.margin, "cache_dir": str(decisions_dir(auto))}
     refresh = auto.refresh if refresh is None else refresh
     comps = [
         component(settings, config, k) for k in (wanted_kinds(settings) if kinds is None else kinds)
@@ -507,9 +488,7 @@ def choose(
         for n, comp in enumerate(comps):
             kind = comp.kind
             left = len(comps) - n
-            figures, source, seconds = measured_or_cached(
-                settings, config, comp, refresh, budget, left
-            )
+            figures, source, seconds = figures_for(settings, config, comp, refresh, budget, left)
             section[kind] = {**decide(figures, comp, auto.margin), "source": source}
             section[kind]["decision_seconds"] = seconds
     return section

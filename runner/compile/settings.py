@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from runner.errors import ConfigError, did_you_mean
-from runner.schema import AUTO, CompileConfig, ScalingConfig
+from runner.schema import CompileConfig, ScalingConfig
 
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 RUNNER_BACKENDS = ("onnxrt", "ipex")
@@ -76,9 +76,6 @@ def resolve(compile_cfg: CompileConfig) -> tuple[CompileSpec | None, list[str]]:
         learners=compile_cfg.learners,
         learner_granularity=compile_cfg.learner_granularity.value,
     )
-    if backend == AUTO:  # decided per component kind at run time (runner/compile/auto.py)
-        ignored = [f"compile.mode={mode} is ignored by compile=auto"] if mode else []
-        return replace(spec, mode=None), ignored
     backends = available_backends()
     if backend not in backends:
         raise ConfigError(

@@ -88,13 +88,14 @@ def flat_params(cfg: DictConfig) -> dict[str, str]:
     return flat
 
 
-def tags(settings: RunnerConfig, run_dir: Path) -> dict[str, str]:
+def tags(settings: RunnerConfig, run_dir: Path, compiled: str) -> dict[str, str]:
+    """`compiled`: the compile preset the run uses (compile=auto's choice), or "off"."""
     return {
         "task": settings.task.name,
         "algo": settings.algo.name,
         "env": settings.env.name,
         "hardware": settings.hardware.name,
-        "compile": "off" if settings.compile.backend is None else settings.compile.backend,
+        "compile": compiled,
         "run_dir": str(run_dir),
     }
 
@@ -136,13 +137,13 @@ class MlflowTracker:
     """One MLflow run, through MlflowClient (no process-wide active run: a sweep's jobs
     may run in one process)."""
 
-    def __init__(self, settings: RunnerConfig, job: Job) -> None:
+    def __init__(self, settings: RunnerConfig, job: Job, compiled: str) -> None:
         from mlflow.entities import Param
 
         assert settings.logger.mlflow is not None
         name = experiment_name(settings, job)
         self.client, experiment_id = mlflow_experiment(settings.logger.mlflow.tracking_uri, name)
-        tagged = tags(settings, job.run_dir)
+        tagged = tags(settings, job.run_dir, compiled)
         run = self.client.create_run(experiment_id, run_name=job.display_name, tags=tagged)
         self.run_id = run.info.run_id
         params = [Param(k, v) for k, v in flat_params(job.cfg).items()]
@@ -193,11 +194,12 @@ class Trackers:
             tracker.finish(run_dir, status)
 
 
-def start(settings: RunnerConfig, job: Job) -> Trackers:
-    """The run's loggers, each started (validate checked that each can be)."""
+def start(settings: RunnerConfig, job: Job, compiled: str) -> Trackers:
+    """The run's loggers, each started (validate checked that each can be); `compiled`:
+    the compile preset, for MLflow's tags."""
     trackers: list[Any] = []
     if settings.logger.mlflow is not None:
-        trackers.append(MlflowTracker(settings, job))
+        trackers.append(MlflowTracker(settings, job, compiled))
     if settings.logger.wandb is not None:
         from runner.results.wandb_logger import WandbTracker
 

@@ -70,6 +70,11 @@ class TaskRun:
             record.aborted(self.run_dir, self.settings.task.name, signum, wall_seconds, known)
 
     @property
+    def compiled(self) -> str:
+        """The compile preset the run uses (compile=auto's choice), or "off"."""
+        return self.spec.preset if self.spec is not None else "off"
+
+    @property
     def files(self) -> Path:
         """The run dir of a run that keeps files: every task's own run does."""
         if self.run_dir is None:

@@ -253,7 +253,7 @@ def _callbacks(run: TaskRun, experiment: str | None) -> list[Any]:
             MLflowLoggerCallback(
                 tracking_uri=tracking.tracking_uri(settings.logger.mlflow.tracking_uri),
                 experiment_name=experiment,
-                tags=tracking.tags(settings, run.files),
+                tags=tracking.tags(settings, run.files, run.compiled),
             )
         )
     if settings.logger.wandb is not None:
