@@ -16,12 +16,14 @@ import sys
 import threading
 import time
 import traceback
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 START = time.perf_counter()
 
 import hydra  # noqa: E402
+from hydra.conf import HydraConf  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from hydra.types import RunMode  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
@@ -40,78 +42,34 @@ def _app(cfg: DictConfig) -> None:
     """One job. In a sweep its outcome goes to job.json, and a failure lets the sweep go on.
     Its settings are checked before torch, Ray and RLlib are imported (bad input is one
     line in about a second); a job that ends before its task runs leaves its record."""
-    from runner.results.jobs import ERROR_FILE, earlier_attempt, write_job
-    from runner.results.record import ended_early
+    from runner.results.jobs import earlier_attempt, write_job
 
     hydra_cfg = HydraConfig.get()
-    in_sweep = hydra_cfg.mode == RunMode.MULTIRUN
-    job_dir = Path(hydra_cfg.runtime.output_dir)
-    overrides = list(hydra_cfg.overrides.task)
-    choices: dict[str, Any] = OmegaConf.to_container(hydra_cfg.runtime.choices)  # type: ignore[assignment]  # a dict node's container
-    job_start = time.perf_counter()
+    job, began = _job(cfg, hydra_cfg), time.perf_counter()
     carry_on = None
-    if in_sweep:
-        skip, carry_on = earlier_attempt(job_dir, overrides)
+    if job.sweep_dir is not None:
+        skip, carry_on = earlier_attempt(job.run_dir, job.overrides)
         if skip:
-            print(f"job {hydra_cfg.job.num}: finished in an earlier run of this sweep, skipped")
+            print(f"job {job.number}: finished in an earlier run of this sweep, skipped")
             return
     # Hydra's basic launcher runs a sweep's jobs one after another in this process: a job
     # leaves its Ray to the next (started again only for other ray.* settings) unless it
     # failed. Other launchers' jobs (joblib's worker processes) each stop their own.
-    keep_ray = in_sweep and hydra_cfg.launcher._target_.endswith(".BasicLauncher")
-    start = START if not in_sweep else job_start
-
-    def record_end(ex: BaseException) -> None:
-        known = {"overrides": overrides, "choices": choices}
-        ended_early(job_dir, choices["task"], ex, time.perf_counter() - start, known)
-
+    keep_ray = job.sweep_dir is not None and hydra_cfg.launcher._target_.endswith(".BasicLauncher")
+    start = START if job.sweep_dir is None else began  # where the job's wall time starts
     try:
         _check_settings(cfg)
-        startup = {} if in_sweep else {"python_s": _python_seconds()}
-        startup |= _start_ray_early(cfg, hydra_cfg.runtime.choices["task"])
-        began = time.perf_counter()
+        job = replace(job, startup=_startup(cfg, job))
         from runner.app import run
 
-        startup.setdefault("imports_s", time.perf_counter() - began)
-        job = Job(
-            cfg=cfg,
-            run_dir=job_dir,
-            overrides=overrides,
-            choices=choices,
-            sweep_dir=Path(hydra_cfg.sweep.dir) if in_sweep else None,
-            number=hydra_cfg.job.num if in_sweep else None,
-            compose=composed,  # Hydra's compose API, inside the app Hydra set up
-            startup=startup,
-        )
         totals = run(job, start, carry_on)
         totals.pop("summary", None)  # summary.json: in the run dir
     except KeyboardInterrupt as ex:  # a signal (Ray's calls give up on nothing else)
         keep_ray = False
-        stop = interrupted(ex)
-        record_end(stop)
-        if in_sweep:  # recorded, so a re-run of the sweep continues this job
-            from runner.sweep import summarize
-
-            write_job(
-                job_dir, "interrupted", overrides, error=str(stop), wall_seconds=_since(job_start)
-            )
-            summarize(Path(hydra_cfg.sweep.dir))
-            print(f"sweep stopped at job {hydra_cfg.job.num}: run it again to continue")
-        raise stop from None
+        raise _interrupted(job, interrupted(ex), start, began) from None
     except Exception as ex:
         keep_ray = False
-        record_end(ex)
-        message = one_line(ex)
-        if not isinstance(ex, RunnerError):
-            # A crash (not bad input): one line here, the whole traceback in the run dir.
-            error_file = job_dir / ERROR_FILE
-            error_file.write_text("".join(traceback.format_exception(ex)))
-            message = f"{message} (traceback in {error_file})"
-        if not in_sweep:
-            _fail(message, getattr(ex, "exit_code", 2))
-        status = REFUSED if read_status(job_dir) == REFUSED else "failed"
-        write_job(job_dir, status, overrides, error=message, wall_seconds=_since(job_start))
-        print(f"error: job {hydra_cfg.job.num}: {message}", file=sys.stderr)
+        _failed(job, ex, start, began)
         return
     finally:
         # Before the exit, not from Ray's exit handler, which sleeps 0.5 s first.
@@ -119,9 +77,78 @@ def _app(cfg: DictConfig) -> None:
             from runner.ray_session import stop_ray
 
             stop_ray()
-    if in_sweep:
+    if job.sweep_dir is not None:
         status = "dry_run" if cfg.dry_run else "finished"
-        write_job(job_dir, status, overrides, wall_seconds=_since(job_start), **totals)
+        write_job(job.run_dir, status, job.overrides, wall_seconds=_since(began), **totals)
+
+
+def _job(cfg: DictConfig, hydra_cfg: HydraConf) -> Job:
+    """The job Hydra launched: its run dir, overrides and choices, and its sweep's."""
+    in_sweep = hydra_cfg.mode == RunMode.MULTIRUN
+    choices: dict[str, Any] = OmegaConf.to_container(hydra_cfg.runtime.choices)  # type: ignore[assignment]  # a dict node's container
+    return Job(
+        cfg=cfg,
+        run_dir=Path(hydra_cfg.runtime.output_dir),
+        overrides=list(hydra_cfg.overrides.task),
+        choices=choices,
+        sweep_dir=Path(hydra_cfg.sweep.dir) if in_sweep else None,
+        number=hydra_cfg.job.num if in_sweep else None,
+        compose=composed,  # Hydra's compose API, inside the app Hydra set up
+    )
+
+
+def _startup(cfg: DictConfig, job: Job) -> dict[str, float | None]:
+    """The seconds before the job (summary.json's `startup`): the interpreter's start (a
+    sweep's first job only), Ray's early start and the imports."""
+    startup: dict[str, float | None] = {}
+    if job.sweep_dir is None:
+        startup["python_s"] = _python_seconds()
+    startup |= _start_ray_early(cfg, job.choices["task"])
+    began = time.perf_counter()
+    importlib.import_module("runner.app")
+    startup.setdefault("imports_s", time.perf_counter() - began)
+    return startup
+
+
+def _record_end(job: Job, ex: BaseException, start: float) -> None:
+    from runner.results.record import ended_early
+
+    known = {"overrides": job.overrides, "choices": job.choices}
+    ended_early(job.run_dir, job.choices["task"], ex, time.perf_counter() - start, known)
+
+
+def _interrupted(job: Job, stop: BaseException, start: float, began: float) -> BaseException:
+    """A signal: the record, and a sweep job's job.json so a re-run continues it."""
+    _record_end(job, stop, start)
+    if job.sweep_dir is not None:
+        from runner.results.jobs import write_job
+        from runner.sweep import summarize
+
+        write_job(
+            job.run_dir, "interrupted", job.overrides, error=str(stop), wall_seconds=_since(began)
+        )
+        summarize(job.sweep_dir)
+        print(f"sweep stopped at job {job.number}: run it again to continue")
+    return stop
+
+
+def _failed(job: Job, ex: Exception, start: float, began: float) -> None:
+    """One line (a crash's traceback in the run dir); a lone job exits, a sweep's job
+    writes job.json and lets the sweep go on."""
+    from runner.results.jobs import ERROR_FILE, write_job
+
+    _record_end(job, ex, start)
+    message = one_line(ex)
+    if not isinstance(ex, RunnerError):
+        # A crash (not bad input): one line here, the whole traceback in the run dir.
+        error_file = job.run_dir / ERROR_FILE
+        error_file.write_text("".join(traceback.format_exception(ex)))
+        message = f"{message} (traceback in {error_file})"
+    if job.sweep_dir is None:
+        _fail(message, getattr(ex, "exit_code", 2))
+    status = REFUSED if read_status(job.run_dir) == REFUSED else "failed"
+    write_job(job.run_dir, status, job.overrides, error=message, wall_seconds=_since(began))
+    print(f"error: job {job.number}: {message}", file=sys.stderr)
 
 
 def _check_settings(cfg: DictConfig) -> None:

@@ -377,12 +377,19 @@ def train(run: TaskRun, extra: Sequence[Callback] = ()) -> dict[str, Any]:
         except Exception as ex:  # e.g. a full disk while writing the final checkpoint
             progress.error = progress.error or ex
             progress.end("failed", one_line(ex))
-    train_seconds = time.perf_counter() - training.train_start
+    outcome = _outcome(run, progress, time.perf_counter() - training.train_start)
+    outcome |= {"compile_reports": reports, "env_runner_nodes": nodes, "progress": progress}
+    training.end(outcome)
+    return outcome
+
+
+def _outcome(run: TaskRun, progress: Progress, train_seconds: float) -> dict[str, Any]:
+    """The run's figures, from the rows of its iterations and its run dir's checkpoints."""
     rows = progress.rows
     steps_this_run = sum(r["env_steps_this_iter"] or 0 for r in rows)
     last = rows[-1] if rows else {}
     run_dir = run.run_dir
-    outcome = {
+    return {
         "status": progress.status,
         "stop_reason": progress.reason,
         "signal": signal_name(progress.signum) if progress.signum else None,
@@ -405,9 +412,4 @@ def train(run: TaskRun, extra: Sequence[Callback] = ()) -> dict[str, Any]:
         "checkpoints": [str(p) for p in checkpoints.complete(run_dir)] if run_dir else [],
         "restarts": progress.restarts,
         "non_finite": run.record.get("non_finite", {}),
-        "compile_reports": reports,
-        "env_runner_nodes": nodes,
-        "progress": progress,
     }
-    training.end(outcome)
-    return outcome

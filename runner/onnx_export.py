@@ -192,6 +192,32 @@ def describe_env(settings: RunnerConfig, pipeline: ConnectorPipelineV2) -> dict[
     return found
 
 
+def _exported_within_tolerance(
+    forward: InferenceForward, obs: np.ndarray, final: Path, task: Any
+) -> tuple[dict[str, float], float]:
+    """`final` written only if onnxruntime's outputs match torch's within task.tolerance
+    at every batch size (exported beside it first); the gap per batch size, and the
+    export's seconds."""
+    temporary = final.with_name(f".{final.name}.tmp")
+    started = time.perf_counter()
+    _export(forward, torch.from_numpy(obs[:1]), temporary, task.opset)
+    export_seconds = time.perf_counter() - started
+    try:
+        session = ort.InferenceSession(str(temporary), providers=["CPUExecutionProvider"])
+        gaps = parity(forward, session, obs, task.batch_sizes)
+        worst = max(gaps.values())
+        if worst > task.tolerance:
+            raise ExportFailed(
+                f"the ONNX policy differs from the torch module by {worst:.3g} (batch sizes "
+                f"{gaps}), more than task.tolerance={task.tolerance:g}: nothing was kept"
+            )
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    temporary.rename(final)
+    return gaps, export_seconds
+
+
 def export(run: TaskRun) -> None:
     """policy.onnx and policy.json in the run dir, or nothing if the export disagrees."""
     settings, run_dir = run.settings, run.files
@@ -214,23 +240,8 @@ def export(run: TaskRun) -> None:
         sample = module.forward_inference({Columns.OBS: torch.from_numpy(obs[:1])})
     outputs = sorted(k for k, v in sample.items() if isinstance(v, torch.Tensor))
     forward = InferenceForward(module, outputs)
-    final, temporary = run_dir / "policy.onnx", run_dir / ".policy.onnx.tmp"
-    started = time.perf_counter()
-    _export(forward, torch.from_numpy(obs[:1]), temporary, task.opset)
-    export_seconds = time.perf_counter() - started
-    try:
-        session = ort.InferenceSession(str(temporary), providers=["CPUExecutionProvider"])
-        gaps = parity(forward, session, obs, task.batch_sizes)
-        worst = max(gaps.values())
-        if worst > task.tolerance:
-            raise ExportFailed(
-                f"the ONNX policy differs from the torch module by {worst:.3g} (batch sizes "
-                f"{gaps}), more than task.tolerance={task.tolerance:g}: nothing was kept"
-            )
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-    temporary.rename(final)
+    final = run_dir / "policy.onnx"
+    gaps, export_seconds = _exported_within_tolerance(forward, obs, final, task)
     shapes = {name: list(sample[name].shape[1:]) for name in outputs}
     described = {
         "onnx": final.name,

@@ -152,9 +152,17 @@ def _inference_experiment(hardware: str, backend: str, mode: str) -> dict:
     }
 
 
-def experiments() -> dict[str, tuple[str, dict[str, Any]]]:
+Experiments = dict[str, tuple[str, dict[str, Any]]]
+
+
+def experiments() -> Experiments:
     """{name: (title, config)} for every checked-in reproduction."""
-    found: dict[str, tuple[str, dict[str, Any]]] = {}
+    return {**_appendix_experiments(), **_headline_experiments(), **_exploration_experiments()}
+
+
+def _appendix_experiments() -> Experiments:
+    """One per appendix table of inference speedups by batch size."""
+    found: Experiments = {}
     for t in inference_tables():
         cfg = _inference_experiment(t.hardware, t.backend, t.mode)
         cfg["task"]["batch_sizes"] = [r["batch_size"] for r in t.rows]
@@ -173,6 +181,12 @@ def experiments() -> dict[str, tuple[str, dict[str, Any]]]:
         }
         title = f"appendix table: {t.hardware}, torch {t.torch}, {t.backend} + {t.mode}"
         found[t.name] = (title, cfg)
+    return found
+
+
+def _headline_experiments() -> Experiments:
+    """One per headline of the inference summary table that has a figure."""
+    found: Experiments = {}
     for row in _read("torch_compile_inference_summary_published.csv"):
         if not row["speedup_percent"]:
             continue  # printed as "x" in the source: nothing to reproduce
@@ -198,6 +212,12 @@ def experiments() -> dict[str, tuple[str, dict[str, Any]]]:
             f"{row['backend']} + {row['mode']}"
         )
         found[name] = (title, cfg)
+    return found
+
+
+def _exploration_experiments() -> Experiments:
+    """One per row of the PPO exploration table."""
+    found: Experiments = {}
     for row in _read("torch_compile_ppo_exploration_published.csv"):
         name = f"exploration_{row['backend']}_{MODE_SHORT[row['mode']]}"
         cfg = {

@@ -225,6 +225,66 @@ def _climb_start(series: list[Layout], envs: int) -> int:
     return min(range(len(series)), key=lambda i: abs(series[i].num_envs_per_env_runner - envs))
 
 
+def _climb(series: list[Layout], envs: int, rate: Callable[[Layout], float | None]) -> None:
+    """Measure a series from the envs per EnvRunner nearest `envs`: up while the rate
+    rises; down only if up did not (`rate`: None where a layout does not fit)."""
+    first = _climb_start(series, envs)
+    top = rate(series[first])
+    for step in (1, -1):
+        i, last = first + step, top
+        while 0 <= i < len(series) and last is not None:
+            now = rate(series[i])
+            if now is None or now < last:
+                break
+            last, i = now, i + step
+        if i != first + step:
+            break
+
+
+class _Measurements:
+    """One scaling=auto measurement's state: the rows so far, each layout planned once,
+    the layouts measured, and the budget they keep to (set once the layouts that fit are
+    counted)."""
+
+    budget: Budget
+
+    def __init__(self, settings: RunnerConfig, resources: Resources, plan: Planner) -> None:
+        self.settings, self.resources, self.plan = settings, resources, plan
+        self.rows: list[dict[str, Any]] = []
+        self.plans: dict[Layout, tuple[AlgorithmConfig, Plan]] = {}
+        self.done: set[Layout] = set()
+
+    def planned(self, layout: Layout) -> tuple[AlgorithmConfig, Plan]:
+        if layout not in self.plans:
+            self.plans[layout] = self.plan(with_layout(self.settings, layout), self.resources)
+        return self.plans[layout]
+
+    def fits(self, layout: Layout) -> bool:
+        """Whether it fits the CPU plan; a row saying so where it does not."""
+        fit = fits(self.planned(layout)[1], self.resources)
+        self.rows += [] if fit else [{**asdict(layout), "status": NO_FIT}]
+        return fit
+
+    def measured(self, layout: Layout) -> float:
+        """Sample with `layout` once more; its env steps/s."""
+        self.budget.begin()
+        self.done.add(layout)
+        config = self.planned(layout)[0].copy(copy_frozen=False)
+        config.evaluation(evaluation_interval=None)  # no evaluation EnvRunners here
+        figures = measure(config, self.settings.scaling.auto.seconds)
+        self.rows.append({**asdict(layout), "status": "measured", **figures})
+        self.budget.measured(f"{layout}: {figures['env_steps_per_s']:,.0f} env steps/s")
+        return figures["env_steps_per_s"]
+
+    def rate(self, layout: Layout) -> float | None:
+        """A candidate's rate, measured once; None where it does not fit."""
+        if layout in self.done:
+            return best_rates(self.rows)[layout]
+        if not self.budget.affordable():
+            raise _BudgetSpent
+        return self.measured(layout) if self.fits(layout) else None
+
+
 def measure_all(
     settings: RunnerConfig, resources: Resources, plan: Planner
 ) -> list[dict[str, Any]]:
@@ -237,73 +297,29 @@ def measure_all(
     the CPU plan, each climbed from the configured envs per EnvRunner, up while the rate
     rises, else down; a candidate starts only where it and the last two measurements
     would end within the budget."""
-    auto = settings.scaling.auto
-    rows: list[dict[str, Any]] = []
-    plans: dict[Layout, tuple[AlgorithmConfig, Plan]] = {}  # each layout planned once
-    done: set[Layout] = set()  # the layouts measured
-    base = baseline(settings)
-
-    def planned(layout: Layout) -> tuple[AlgorithmConfig, Plan]:
-        if layout not in plans:
-            plans[layout] = plan(with_layout(settings, layout), resources)
-        return plans[layout]
-
-    fitting = []
-    for series in candidates(settings, resources.cpus):
-        if series and fits(planned(series[0])[1], resources):
-            fitting.append(series)
-        elif series:
-            rows.append({**asdict(series[0]), "status": NO_FIT})
+    state, base = _Measurements(settings, resources, plan), baseline(settings)
+    fitting = [s for s in candidates(settings, resources.cpus) if s and state.fits(s[0])]
     layouts = {x for s in fitting for x in s} | {base}
-    total = len(layouts) + FINAL_MEASUREMENTS
-    budget = Budget("scaling=auto", auto.budget_seconds, total, reserve=FINAL_MEASUREMENTS)
-
-    def measured(layout: Layout) -> float:
-        """Sample with `layout` once more; its env steps/s."""
-        budget.begin()
-        done.add(layout)
-        config = planned(layout)[0].copy(copy_frozen=False)
-        config.evaluation(evaluation_interval=None)  # no evaluation EnvRunners here
-        figures = measure(config, auto.seconds)
-        rows.append({**asdict(layout), "status": "measured", **figures})
-        budget.measured(f"{layout}: {figures['env_steps_per_s']:,.0f} env steps/s")
-        return figures["env_steps_per_s"]
-
-    def rate(layout: Layout) -> float | None:
-        """A candidate's rate, measured once; None where it does not fit."""
-        if layout in done:
-            return best_rates(rows)[layout]
-        if not budget.affordable():
-            raise _BudgetSpent
-        if not fits(planned(layout)[1], resources):
-            rows.append({**asdict(layout), "status": NO_FIT})
-            return None
-        return measured(layout)
-
-    with budget.shown("measurements"):
-        measured(base)
+    state.budget = Budget(
+        "scaling=auto",
+        settings.scaling.auto.budget_seconds,
+        len(layouts) + FINAL_MEASUREMENTS,
+        reserve=FINAL_MEASUREMENTS,
+    )
+    with state.budget.shown("measurements"):
+        state.measured(base)
         try:
             for series in fitting:
-                first = _climb_start(series, base.num_envs_per_env_runner)
-                top = rate(series[first])
-                for step in (1, -1):  # up while the rate rises; down only if up did not
-                    i, last = first + step, top
-                    while 0 <= i < len(series) and last is not None:
-                        now = rate(series[i])
-                        if now is None or now < last:
-                            break
-                        last, i = now, i + step
-                    if i != first + step:
-                        break
+                _climb(series, base.num_envs_per_env_runner, state.rate)
         except _BudgetSpent:
-            left = dict.fromkeys(x for s in fitting for x in s if x not in done)
-            rows += [{**asdict(x), "status": BUDGET_SPENT} for x in left]
-        rates = best_rates(rows)
+            left = dict.fromkeys(x for s in fitting for x in s if x not in state.done)
+            state.rows += [{**asdict(x), "status": BUDGET_SPENT} for x in left]
+        rates = best_rates(state.rows)
         fastest = max(rates, key=lambda layout: rates[layout])
         if fastest != base:
-            measured(fastest)
-            measured(base)
-    return rows
+            state.measured(fastest)
+            state.measured(base)
+    return state.rows
 
 
 def best_rates(rows: list[dict[str, Any]]) -> dict[Layout, float]:

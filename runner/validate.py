@@ -107,6 +107,20 @@ def check_run(settings: RunnerConfig) -> None:
         raise ConfigError(
             f"guard.unsampled_iterations must be >= 1, got {settings.guard.unsampled_iterations}"
         )
+    check_eval(settings)
+    uri = settings.results.uri
+    if uri is not None and not remote.is_uri(uri):
+        raise ConfigError(
+            f"results.uri={uri}: not a filesystem URI; use s3://bucket/prefix, gs://bucket/prefix "
+            "or file:///absolute/path (a local run dir needs no setting)"
+        )
+    check_loggers(settings.logger)
+    check_callbacks(settings.callbacks)
+
+
+def check_eval(settings: RunnerConfig) -> None:
+    """eval.* and check.*: episodes to count, EnvRunners where they are needed, one way
+    to the threshold."""
     if settings.eval.episodes < 1:
         raise ConfigError(f"eval.episodes must be >= 1, got {settings.eval.episodes}")
     if settings.eval.parallel and not settings.eval.num_env_runners:
@@ -127,14 +141,6 @@ def check_run(settings: RunnerConfig) -> None:
         )
     if check.baseline_episodes < 1:
         raise ConfigError(f"check.baseline_episodes must be >= 1, got {check.baseline_episodes}")
-    uri = settings.results.uri
-    if uri is not None and not remote.is_uri(uri):
-        raise ConfigError(
-            f"results.uri={uri}: not a filesystem URI; use s3://bucket/prefix, gs://bucket/prefix "
-            "or file:///absolute/path (a local run dir needs no setting)"
-        )
-    check_loggers(settings.logger)
-    check_callbacks(settings.callbacks)
 
 
 def check_callbacks(nodes: list[dict]) -> None:

@@ -163,6 +163,18 @@ def test_no_import_circle():
             visit(name, [])
 
 
+def test_each_function_reads_in_one_sitting():
+    """No function in runner/ over 60 lines; the job's own flow (app.run) in 40."""
+    lengths = {
+        f"{path.relative_to(RUNNER)}:{node.name}": node.end_lineno - node.lineno + 1
+        for path in RUNNER.rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno
+    }
+    assert {name: n for name, n in lengths.items() if n > 60} == {}
+    assert lengths["app.py:run"] <= 40
+
+
 def test_one_training_loop_calls_algorithm_train():
     calls = [
         f"{path.relative_to(RUNNER)}:{n}"

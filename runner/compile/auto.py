@@ -270,6 +270,36 @@ def _gap(ours: dict, theirs: dict) -> float:
 BUDGET_SPENT = "left out: compile.auto.budget_seconds spent"
 
 
+def _compiled(
+    row: dict[str, Any], comp: Component, module: TorchRLModule, batch: dict, reference: Any
+) -> Callable[[], Any] | None:
+    """A copy of the module with row["preset"] compiled into the component's method, its
+    first call timed and compared with eager's `reference`; its caller, or None where it
+    failed or disagrees (the row says why)."""
+    backend, mode = parse(row["preset"])
+    twin = copy.deepcopy(module)
+    method = f"_{METHODS[comp.kind]}"
+    spec = CompileSpec(backend, mode, comp.dynamic, True, True, "forward_train")
+    setattr(twin, method, compile_function(spec, getattr(twin, method)))
+    call = _caller(twin, batch, comp.kind, comp.device == "cuda")
+    try:
+        start = time.perf_counter()
+        out = call()
+        row["compile_seconds"] = time.perf_counter() - start
+        row["max_rel_diff"] = _gap(out, reference)
+    except Exception as ex:  # a backend that cannot compile this module
+        row.update(status="failed", reason=one_line(ex))
+        return None
+    if row["max_rel_diff"] > AGREEMENT:
+        row.update(
+            status="failed",
+            reason=f"differs from eager by {row['max_rel_diff']:.1e} (> {AGREEMENT:g})",
+        )
+        return None
+    row["status"] = "measured"
+    return call
+
+
 def measure(
     comp: Component,
     module: TorchRLModule,
@@ -285,10 +315,8 @@ def measure(
     torch._dynamo.reset()
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(comp.threads)
-    method = f"_{METHODS[comp.kind]}"
-    cuda = comp.device == "cuda"
     try:
-        eager = _caller(module, batch, comp.kind, cuda)
+        eager = _caller(module, batch, comp.kind, comp.device == "cuda")
         reference = eager()
         results: list[dict[str, Any]] = []
         callers = {"eager": eager}
@@ -303,32 +331,14 @@ def measure(
                 row.update(status="skipped", reason=BUDGET_SPENT)
                 continue
             budget.begin()
-            backend, mode = parse(preset)
-            twin = copy.deepcopy(module)
-            spec = CompileSpec(backend, mode, comp.dynamic, True, True, "forward_train")
-            setattr(twin, method, compile_function(spec, getattr(twin, method)))
-            call = _caller(twin, batch, comp.kind, cuda)
-            try:
-                start = time.perf_counter()
-                out = call()
-                row["compile_seconds"] = time.perf_counter() - start
-                row["max_rel_diff"] = _gap(out, reference)
-            except Exception as ex:  # a backend that cannot compile this module
-                row.update(status="failed", reason=one_line(ex))
-                budget.measured(f"{comp.kind.replace('_', ' ')}: {preset} failed")
-                continue
+            call = _compiled(row, comp, module, batch, reference)
+            what = f"{comp.kind.replace('_', ' ')}: {preset}"
+            seconds = row.get("compile_seconds")
             budget.measured(
-                f"{comp.kind.replace('_', ' ')}: {preset} compiled in "
-                f"{row['compile_seconds']:.1f} s"
+                f"{what} failed" if seconds is None else f"{what} compiled in {seconds:.1f} s"
             )
-            if row["max_rel_diff"] > AGREEMENT:
-                row.update(
-                    status="failed",
-                    reason=f"differs from eager by {row['max_rel_diff']:.1e} (> {AGREEMENT:g})",
-                )
-                continue
-            row["status"] = "measured"
-            callers[preset] = call
+            if call is not None:
+                callers[preset] = call
         seconds = _alternate(callers, auto.warmup_calls, auto.timed_calls, auto.timed_seconds)
     finally:  # the run's own compile counts start from nothing
         torch.set_num_threads(previous_threads)

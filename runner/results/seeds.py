@@ -165,6 +165,25 @@ def last_value(job_dir: Path, metric: str) -> float | None:
     return None
 
 
+def judged_returns(
+    done: list[dict[str, Any]], checks: list[dict[str, Any]]
+) -> tuple[str, list[Any], list[Any]]:
+    """The return the criterion is on, and each seed's final and best: a check on
+    evaluation (check.on=evaluation) judges the evaluation's return, and so does the
+    table; a criterion on another metric (a win rate) puts that metric in its place."""
+    metric = str(checks[0].get("metric", "")) if checks else ""
+    on_evaluation = metric.startswith("evaluation/")
+    if metric and not metric.endswith("episode_return_mean"):
+        name = metric.split("/")[-1]
+        finals = [last_value(Path(r["_dir"]), metric) if r.get("_dir") else None for r in done]
+        bests = [r["check"].get("best") for r in done]
+        return (f"evaluation {name}" if on_evaluation else name), finals, bests
+    kind = "eval" if on_evaluation else "episode"
+    finals = [r.get(f"final_{kind}_return_mean") for r in done]
+    bests = [r.get(f"best_{kind}_return_mean") for r in done]
+    return ("evaluation" if on_evaluation else "training"), finals, bests
+
+
 def group(rows: list[dict[str, Any]], out_dir: Path, label: Callable[[dict], str]) -> list[dict]:
     """One row per configuration (in first-job order), and its learning-curve plot in
     `out_dir`; `label` names a configuration by one of its jobs' rows (the sweep summary's,
@@ -193,20 +212,7 @@ def group(rows: list[dict[str, Any]], out_dir: Path, label: Callable[[dict], str
             "env_steps_budget": checks[0]["env_steps_budget"] if checks else None,
             "source": checks[0].get("source") if checks else None,
         }
-        # The return the criterion is on: a check on evaluation (check.on=evaluation)
-        # judges the evaluation's return, and so does the table.
-        # A criterion on another metric (a win rate) puts that metric in the return's place.
-        metric = str(checks[0].get("metric", "")) if checks else ""
-        on_evaluation = metric.startswith("evaluation/")
-        row["return_of"] = "evaluation" if on_evaluation else "training"
-        kind = "eval" if on_evaluation else "episode"
-        finals = [r.get(f"final_{kind}_return_mean") for r in done]
-        bests = [r.get(f"best_{kind}_return_mean") for r in done]
-        if metric and not metric.endswith("episode_return_mean"):
-            name = metric.split("/")[-1]
-            row["return_of"] = f"evaluation {name}" if on_evaluation else name
-            finals = [last_value(Path(r["_dir"]), metric) if r.get("_dir") else None for r in done]
-            bests = [r["check"].get("best") for r in done]
+        row["return_of"], finals, bests = judged_returns(done, checks)
         for name, values in (("final_return", finals), ("best_return", bests)):
             point, low, high = interval(values, iqm)
             row.update({f"{name}_iqm": point, f"{name}_low": low, f"{name}_high": high})

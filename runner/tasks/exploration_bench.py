@@ -119,16 +119,16 @@ def figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def run(run: TaskRun) -> None:
-    """Run both copies, then write bench.json, bench.csv and bench.png."""
+def _both_copies(
+    run: TaskRun, task: ExplorationBenchSettings
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The compiled copy and its eager twin built, then their rounds run in turn: each
+    round's rows, and the compiled copy's compile reports."""
+    from runner import loop
     from runner.algorithm_config import build_algorithm_config
     from runner.compile import report as compile_report
 
-    settings, config, spec = run.settings, run.config, run.spec
-    assert spec is not None  # check() refused compile off
-    task = own_settings(settings, ExplorationBenchSettings)
-    from runner import loop
-
+    settings, spec = run.settings, run.spec
     # Both copies keep nothing on disk (the bench's files are its own) and run every
     # iteration the rounds ask for: stop.*, check.* and periodic checkpoints do not apply.
     rounds = dataclasses.replace(
@@ -140,7 +140,7 @@ def run(run: TaskRun) -> None:
     )
     twin = eager_twin(rounds)
     copies = {
-        "compiled": TaskRun(rounds, config, spec, None, {}, run.start_time),
+        "compiled": TaskRun(rounds, run.config, spec, None, {}, run.start_time),
         "eager": TaskRun(twin, build_algorithm_config(twin, None), None, None, {}, run.start_time),
     }
     trainings = {name: loop.Training(copy, quiet=True) for name, copy in copies.items()}
@@ -156,6 +156,19 @@ def run(run: TaskRun) -> None:
             for training in trainings.values():
                 if training.algo is not None:
                     training.algo.stop()
+    return rows, reports
+
+
+def run(run: TaskRun) -> None:
+    """Run both copies, then write bench.json, bench.csv and bench.png."""
+    from runner.compile import report as compile_report
+
+    settings, config, spec = run.settings, run.config, run.spec
+    assert spec is not None  # check() refused compile off
+    task = own_settings(settings, ExplorationBenchSettings)
+    # Both copies keep nothing on disk (the bench's files are its own) and run every
+    # iteration the rounds ask for: stop.*, check.* and periodic checkpoints do not apply.
+    rows, reports = _both_copies(run, task)
     compile_section, compile_line = compile_report.summarize(spec, reports)
     console.print(compile_line)
     result = {
