@@ -18,11 +18,11 @@ from hydra import compose, initialize_config_dir
 
 from runner import CONFIG_DIR
 from runner.api import register_configs
-from runner.app import prepare
 from runner.compile.apply import load_backend
 from runner.compile.settings import CompileSpec, available_backends
+from runner.job.app import prepare
 from runner.results.files import write_csv
-from runner.schema import typed
+from runner.settings.schema import typed
 from runner.tasks.inference_bench import build_module, measure
 
 DEFAULT_BACKENDS = ("eager", "aot_eager", "inductor", "onnxrt", "ipex")

@@ -1,5 +1,5 @@
 """Where an off-policy preset's time goes, on RLlib's training step and on the runner's
-fast step (runner/fast_step.py) side by side: RLlib's timers of each phase of the step,
+fast step (runner/algorithms/fast_step.py) side by side: RLlib's timers of each phase of the step,
 read from the run's progress.csv.
 
 Each preset trains as a fresh `python -m runner experiment=<preset>` process for
@@ -75,9 +75,9 @@ def entries_per_call(preset: str, step: str) -> dict[str, int]:
     from ray.rllib.algorithms.dqn.dqn import calculate_rr_weights
 
     from runner import compose
-    from runner.app import prepare
-    from runner.ray_session import quiet_ray
-    from runner.schema import LogLevel
+    from runner.job.app import prepare
+    from runner.machine.ray_session import quiet_ray
+    from runner.settings.schema import LogLevel
 
     quiet_ray(LogLevel.ERROR)  # RLlib's notes on the config it builds
     store, train = calculate_rr_weights(prepare(compose([f"experiment={preset}"])).config)

@@ -24,9 +24,9 @@ from ray.rllib.core.columns import Columns
 
 from runner import CONFIG_DIR
 from runner.api import register_configs
-from runner.app import prepare
 from runner.compile import onnxrt
-from runner.schema import typed
+from runner.job.app import prepare
+from runner.settings.schema import typed
 from runner.tasks.inference_bench import build_module
 
 

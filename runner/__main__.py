@@ -32,9 +32,9 @@ from runner import CONFIG_DIR  # noqa: E402
 from runner.api import composed, register_configs  # noqa: E402
 from runner.errors import RunnerError, one_line  # noqa: E402
 from runner.job import Job  # noqa: E402
-from runner.overrides import normalized  # noqa: E402
+from runner.machine.shutdown import install_default, interrupted  # noqa: E402
 from runner.results.files import REFUSED, read_status  # noqa: E402
-from runner.shutdown import install_default, interrupted  # noqa: E402
+from runner.settings.overrides import normalized  # noqa: E402
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
@@ -60,7 +60,7 @@ def _app(cfg: DictConfig) -> None:
     try:
         _check_settings(cfg)
         job = replace(job, startup=_startup(cfg, job))
-        from runner.app import run
+        from runner.job.app import run
 
         totals = run(job, start, carry_on)
         totals.pop("summary", None)  # summary.json: in the run dir
@@ -74,7 +74,7 @@ def _app(cfg: DictConfig) -> None:
     finally:
         # Before the exit, not from Ray's exit handler, which sleeps 0.5 s first.
         if not keep_ray and "ray" in sys.modules:
-            from runner.ray_session import stop_ray
+            from runner.machine.ray_session import stop_ray
 
             stop_ray()
     if job.sweep_dir is not None:
@@ -105,7 +105,7 @@ def _startup(cfg: DictConfig, job: Job) -> dict[str, float | None]:
         startup["python_s"] = _python_seconds()
     startup |= _start_ray_early(cfg, job.choices["task"])
     began = time.perf_counter()
-    importlib.import_module("runner.app")
+    importlib.import_module("runner.job.app")
     startup.setdefault("imports_s", time.perf_counter() - began)
     return startup
 
@@ -152,12 +152,12 @@ def _failed(job: Job, ex: Exception, start: float, began: float) -> None:
 
 
 def _check_settings(cfg: DictConfig) -> None:
-    """The settings' own rules (runner/validate.py's check_settings), before torch, Ray
+    """The settings' own rules (runner/settings/validate.py's check_settings), before torch, Ray
     and RLlib are imported: the job checks them again with the rest. The user's code
     comes from ray.runtime_env.py_modules here too (a callback class is checked)."""
-    from runner.ray_session import import_py_modules_here
-    from runner.schema import typed
-    from runner.validate import check_settings
+    from runner.machine.ray_session import import_py_modules_here
+    from runner.settings.schema import typed
+    from runner.settings.validate import check_settings
 
     settings = typed(cfg)
     import_py_modules_here(settings.ray.runtime_env)
@@ -187,12 +187,12 @@ def _start_ray_early(cfg: DictConfig, task_name: str) -> dict[str, float]:
     (whose settings apply). The job's own start_ray then finds this Ray running. Anything
     amiss is left for the job to report; a process that imported the job already (a
     sweep's later jobs) has nothing to overlap. Returns the seconds each took."""
-    if "runner.app" in sys.modules:
+    if "runner.job.app" in sys.modules:
         return {}
     from runner import tasks
-    from runner.autos import measures_before_ray
-    from runner.ray_session import cluster_address, start_ray
-    from runner.schema import typed
+    from runner.machine.ray_session import cluster_address, start_ray
+    from runner.settings.autos import measures_before_ray
+    from runner.settings.schema import typed
 
     try:
         settings = typed(cfg)
@@ -209,7 +209,7 @@ def _start_ray_early(cfg: DictConfig, task_name: str) -> dict[str, float]:
     ):
         return {}
     took: dict[str, float] = {}
-    importer = threading.Thread(target=_import_quietly, args=("runner.app", took), daemon=True)
+    importer = threading.Thread(target=_import_quietly, args=("runner.job.app", took), daemon=True)
     importer.start()
     began = time.perf_counter()
     with contextlib.suppress(Exception):  # the job's own start_ray tries again and reports
@@ -252,12 +252,11 @@ def _refuse_used_run_dir(argv: list[str]) -> None:
 
 def main() -> None:
     """Run the app; Hydra's errors propagate (HYDRA_FULL_ERROR) so they can be one line."""
+    from runner.settings import help as runner_help
     from runner.sweep import FailedJobs
 
     install_default()
     if sys.argv[1:2] in (["--help"], ["-h"]):
-        from runner import help as runner_help
-
         try:
             print(runner_help.text(CONFIG_DIR), flush=True)
         except BrokenPipeError:  # `--help | head`: the reader left; say nothing more

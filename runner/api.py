@@ -23,7 +23,7 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from runner import CONFIG_DIR
-from runner.schema import STOP_DEFAULT, RunnerConfig, default_gives_way
+from runner.settings.schema import STOP_DEFAULT, RunnerConfig, default_gives_way
 
 RESOLVER = "unique_dir"
 
@@ -47,7 +47,7 @@ def unique_dir(base: str) -> str:
 def register_configs() -> None:
     """The root schema (conf/config.yaml lists it first), every task's settings schema as
     `schema/task/<name>` (each conf/task/ file lists its own), the run dir resolver and
-    the default stop budgets' (runner/schema.py)."""
+    the default stop budgets' (runner/settings/schema.py)."""
     from runner.tasks import TASKS
 
     store = ConfigStore.instance()
@@ -98,9 +98,9 @@ def compose_with_choices(overrides: list[str]) -> tuple[DictConfig, dict[str, An
 
 
 def _as_cli(overrides: list[str], config_dir: str | None) -> list[str]:
-    """The overrides as the CLI would take them (runner/overrides.py: `checkpoint=` and an
+    """The overrides as the CLI would take them (runner/settings/overrides.py: `checkpoint=` and an
     env's preset), with the config dir `config_dir` searched too."""
-    from runner.overrides import normalized
+    from runner.settings.overrides import normalized
 
     overrides = normalized(overrides)
     if config_dir is None:
@@ -110,10 +110,11 @@ def _as_cli(overrides: list[str], config_dir: str | None) -> list[str]:
 
 def compose(overrides: Sequence[str] = (), config_dir: str | None = None) -> RunnerConfig:
     """The typed settings `python -m runner <overrides>` would run on this machine, the
-    Learner layout picked for it (runner/placement.py); starts nothing. Bad input raises
+    Learner layout picked for it (runner/machine/placement.py); starts nothing. Bad input raises
     runner.errors.ConfigError (or Hydra's own error) with one line."""
-    from runner import machine, placement
-    from runner.schema import typed
+    from runner import machine
+    from runner.machine import placement
+    from runner.settings.schema import typed
 
     with _hydra():
         cfg, _ = composed(_as_cli(list(overrides), config_dir))
@@ -142,9 +143,8 @@ def run(overrides: Sequence[str] = (), config_dir: str | None = None) -> dict[st
     A Ray the runner started is stopped afterwards, and this process's environment is as
     it was (so a later run, or a process it starts, gets a Ray of its own); a Ray you
     started (ray.init) is used and left running."""
-    from runner import app
-    from runner.job import Job
-    from runner.ray_session import stop_ray
+    from runner.job import Job, app
+    from runner.machine.ray_session import stop_ray
     from runner.results.record import ended_early
 
     start = time.perf_counter()

@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from runner import docs
-from runner import overrides as ov
 from runner.errors import RunnerError, one_line, tool_exit_code
 from runner.machine import is_gpu_of
 from runner.results import plots, remote, seeds
 from runner.results.files import OVERRIDES, write_csv
+from runner.settings import overrides as ov
 from runner.sweep import job_row
 
 COLUMNS = (

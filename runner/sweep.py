@@ -19,11 +19,11 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from runner import overrides as ov
 from runner.errors import RunnerError, tool_exit_code
 from runner.results import plots, remote, seeds
 from runner.results.files import BENCH, OVERRIDES, REFUSED, SUMMARY, read_overrides, write_csv
 from runner.results.jobs import JOB_FILE, read_job
+from runner.settings import overrides as ov
 
 COLUMNS = (
     "job",

@@ -205,8 +205,8 @@ def call(
     from hydra.core.global_hydra import GlobalHydra
 
     import runner.__main__ as entry
-    from runner import shutdown
-    from runner.ray_session import stop_ray
+    from runner.machine import shutdown
+    from runner.machine.ray_session import stop_ray
 
     out = Path(tempfile.mkdtemp(prefix="cli-"))
     stdout, stderr = out / "stdout", out / ("stdout" if merged else "stderr")

@@ -43,12 +43,12 @@ from omegaconf import DictConfig  # noqa: E402
 
 from runner import CONFIG_DIR  # noqa: E402
 from runner.api import register_configs  # noqa: E402
-from runner.schema import typed  # noqa: E402
+from runner.settings.schema import typed  # noqa: E402
 
 register_configs()
 
 if TYPE_CHECKING:
-    from runner.app import Prepared
+    from runner.job.app import Prepared
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
@@ -153,8 +153,9 @@ def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
 def _composed(overrides: tuple[str, ...]) -> DictConfig:
     """conf/ does not change while the tests run; an override that fails to compose
     raises each time (functools.cache keeps only results). The overrides as the entry
-    points take them (runner/overrides.py's normalized: an env named alone picks its option)."""
-    from runner.overrides import normalized
+    points take them (runner/settings/overrides.py's normalized: an env named alone picks
+    its option)."""
+    from runner.settings.overrides import normalized
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         return compose(config_name="config", overrides=normalized(list(overrides)))
@@ -178,9 +179,9 @@ def joins_shared_ray(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def prepared(overrides: list[str] | tuple[str, ...] = ()) -> Prepared:
     """Typed settings, task, compile spec, AlgorithmConfig and plan, as a run makes them.
-    (runner.app, with torch and RLlib, imported here: pytest-xdist's controller process
+    (runner.job.app, with torch and RLlib, imported here: pytest-xdist's controller process
     loads this file too, and runs no test.)"""
-    from runner.app import prepare
+    from runner.job.app import prepare
 
     return prepare(typed(compose_config(overrides)))
 

@@ -4,7 +4,7 @@ A run that starts a Ray of its own spends about 5 s of CPU on Ray's start and st
 of a tiny run. The CLI runs of the tests (conftest.run_cli, the README's commands) join
 this one instead, through the environment a Ray job gives its driver: RAY_ADDRESS and
 the cluster's auth token. It has this machine's CPU count, as a run's own Ray would, and
-the same system config (runner.ray_session.LOCAL_SYSTEM_CONFIG). A run's own Ray stays
+the same system config (runner.machine.ray_session.LOCAL_SYSTEM_CONFIG). A run's own Ray stays
 tested where it matters: the main job, the fault tests, the cluster tests, and every
 command with `own_ray`.
 
@@ -27,7 +27,7 @@ import time
 import uuid
 from pathlib import Path
 
-from runner.ray_session import LOCAL_SYSTEM_CONFIG
+from runner.machine.ray_session import LOCAL_SYSTEM_CONFIG
 
 HOST = "127.0.0.1"
 ROOT = Path(__file__).resolve().parent.parent

@@ -47,7 +47,7 @@ CASES = {
         [
             "algo=ppo",
             "algo.reward_scaling.enabled=true",
-            "+algo.learners.learner_class=runner.fast_step:FastDQNLearner",
+            "+algo.learners.learner_class=runner.algorithms.fast_step:FastDQNLearner",
         ],
         "algo.reward_scaling.enabled=true: algo.learners.learner_class=FastDQNLearner is the "
         "user's own; drop it for this run",
@@ -69,10 +69,10 @@ CASES = {
     ),
     "a callback that is no Callback": (
         ["callbacks=[{_target_:collections.OrderedDict}]"],
-        "callbacks[0]: collections.OrderedDict is not a subclass of runner.callbacks.Callback",
+        "callbacks[0]: collections.OrderedDict is not a subclass of runner.job.callbacks.Callback",
     ),
     "a callback's unknown keyword": (
-        ["callbacks=[{_target_:runner.callbacks.StopCriteria,every:2}]"],
+        ["callbacks=[{_target_:runner.job.callbacks.StopCriteria,every:2}]"],
         "callbacks[0].every: StopCriteria() takes no 'every'",
     ),
     "misspelled top-level key added": (["+seeed=3"], "'seeed' (did you mean seed?)"),

@@ -12,9 +12,9 @@ import pytest
 from conftest import CliResult, compose_config, prepared, run_cli
 from ray.rllib.connectors.env_to_module import MeanStdFilter
 
-from runner import preflight
 from runner.errors import ConfigError
-from runner.user_code import ConnectorFactory, PolicyTable, locate
+from runner.machine import preflight
+from runner.settings.user_code import ConnectorFactory, PolicyTable, locate
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "my_rl_pkg"

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from conftest import prepared
 
-from runner.check import Check
 from runner.envs import make_env, random_returns
 from runner.errors import ConfigError
-from runner.schema import CheckBaseline, CheckConfig, CheckOn
+from runner.job.check import Check
+from runner.settings.schema import CheckBaseline, CheckConfig, CheckOn
 
 METRIC = "env_runners/episode_return_mean"
 

@@ -11,7 +11,7 @@ import pytest
 from conftest import compose_config, prepared, run_cli
 
 from runner.compile import auto
-from runner.schema import typed
+from runner.settings.schema import typed
 
 TESTS = Path(__file__).resolve().parent
 CANDIDATES = ["inductor/default", "onnxrt/default", "cudagraphs/default"]

@@ -9,12 +9,14 @@ from conftest import compose_config, prepared
 from omegaconf import DictConfig
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 
-from runner import CONFIG_DIR, algorithm_config, autos, placement, published
+from runner import CONFIG_DIR, published
+from runner.algorithms import algorithm_config
 from runner.compile.settings import resolve
 from runner.errors import ConfigError
-from runner.machine import local_resources
-from runner.plan import make_plan
-from runner.schema import RunnerConfig, typed
+from runner.machine import local_resources, placement
+from runner.machine.plan import make_plan
+from runner.settings import autos
+from runner.settings.schema import RunnerConfig, typed
 
 
 def build_algorithm_config(cfg: DictConfig) -> AlgorithmConfig:
@@ -27,7 +29,7 @@ def built(cfg: DictConfig) -> tuple[RunnerConfig, AlgorithmConfig]:
     AlgorithmConfig (a task's own checks, e.g. a missing checkpoint=, are not run)."""
     settings = typed(cfg)
     placement.resolve(settings, local_resources(settings.ray))
-    # compile=auto's choice is measured (runner/autos.py): it builds eager until then.
+    # compile=auto's choice is measured (runner/settings/autos.py): it builds eager until then.
     spec = None if autos.compile_auto(settings) else resolve(settings.compile)[0]
     return settings, algorithm_config.build_algorithm_config(settings, spec)
 

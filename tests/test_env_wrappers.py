@@ -16,7 +16,7 @@ from ray.rllib.core.rl_module import RLModule
 from ray.rllib.env.wrappers.pettingzoo_env import ParallelPettingZooEnv, PettingZooEnv
 
 import runner
-from runner.algorithm_config import build_algorithm_config
+from runner.algorithms.algorithm_config import build_algorithm_config
 from runner.envs import make_env
 from runner.errors import ConfigError
 

@@ -1,5 +1,5 @@
-"""The fast off-policy step (runner/fast_step.py) against RLlib's own: the same losses and
-gradients on the same transitions, the same weights after K minibatches in one Learner
+"""The fast off-policy step (runner/algorithms/fast_step.py) against RLlib's own: the same
+losses and gradients on the same transitions, the same weights after K minibatches in one Learner
 call as after K of RLlib's calls, the step chosen by default and RLlib's where it cannot
 run (with the reason in the run's first lines). RLlib's Learners, connectors and buffers
 run for real, from the runner's configs. A killed EnvRunner under the fast step, and its
@@ -22,12 +22,18 @@ from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED_LIFETIME
 from ray.rllib.utils.replay_buffers import PrioritizedEpisodeReplayBuffer
 from ray.rllib.utils.torch_utils import convert_to_torch_tensor
 
-from runner.app import start_lines
+from runner.algorithms.fast_step import (
+    MINIBATCH_TIMESTEPS,
+    FastDQN,
+    FastPPOLearner,
+    FastSAC,
+    FastStep,
+)
+from runner.algorithms.flat_replay import FlatReplay
+from runner.algorithms.reward_scaling import RewardScaling
+from runner.algorithms.sac_module import SB3QCatalog
 from runner.errors import ConfigError
-from runner.fast_step import MINIBATCH_TIMESTEPS, FastDQN, FastPPOLearner, FastSAC, FastStep
-from runner.flat_replay import FlatReplay
-from runner.reward_scaling import RewardScaling
-from runner.sac_module import SB3QCatalog
+from runner.job.app import start_lines
 
 PRESETS = {
     "dqn": ("experiment=tuned_dqn_cartpole", "CartPole-v1"),
@@ -213,7 +219,7 @@ def _linears(net: torch.nn.Module) -> list[tuple[int, int]]:
 
 
 def test_the_sac_preset_has_sb3s_networks_and_rllibs_forward_and_gradients():
-    """The SAC preset's module (runner/sac_module.py) has SB3's networks at the preset's
+    """The SAC preset's module (runner/algorithms/sac_module.py) has SB3's networks at the preset's
     width (conf/tuned/sac_pendulum.yaml): each Q [obs, action] 4->128->128->1, the policy
     3->128->128->2. Its training forward pass
     and the fast Learner's one backward pass give the same outputs, losses and gradients
@@ -266,7 +272,7 @@ def test_sb3q_sac_leaves_discrete_actions_to_rllib_and_refuses_unflat_spaces():
     action space that is not flat is one ConfigError line naming the fix."""
     spec = (
         "{_target_:ray.rllib.core.rl_module.rl_module.RLModuleSpec,"
-        "module_class:runner.sac_module:SB3QSAC}"
+        "module_class:runner.algorithms.sac_module:SB3QSAC}"
     )
     config, learner = _learner(
         ["algo=sac", "env=cartpole", f"+algo.rl_module.rl_module_spec={spec}"], "CartPole-v1"

@@ -23,14 +23,14 @@ import ray
 from conftest import cli_env, run_cli
 from ray.rllib.algorithms.ppo import PPOConfig
 
-from runner import guard
 from runner.__main__ import _refuse_used_run_dir as refuse_used_run_dir
 from runner.errors import RunnerError
-from runner.loop import learners_in_service
-from runner.ray_session import descendants
+from runner.job import guard
+from runner.job.loop import learners_in_service
+from runner.machine.ray_session import descendants
+from runner.machine.shutdown import stall_bound
 from runner.results import checkpoints
-from runner.schema import WatchdogConfig
-from runner.shutdown import stall_bound
+from runner.settings.schema import WatchdogConfig
 
 TESTS = Path(__file__).resolve().parent
 FAULTY_ENV = ("env.entry_point=faulty_env:FaultyCartPole",)
@@ -292,7 +292,7 @@ def test_second_signal_while_the_run_winds_down_aborts_without_a_traceback(tmp_p
     Ray's shutdown, the exit): a second signal then aborts at once, quietly."""
     code = (
         "import time\n"
-        "from runner import shutdown\n"
+        "from runner.machine import shutdown\n"
         "shutdown.install_default()\n"
         "try:\n"
         "    print('ready', flush=True); time.sleep(30)\n"
@@ -405,7 +405,7 @@ def test_killed_env_runner_is_recreated_and_recompiled_from_the_shared_cache(tmp
 
 @pytest.mark.slow
 def test_fast_step_survives_a_killed_env_runner_and_restores_across_steps(tmp_path: Path):
-    """DQN on the fast step (runner/fast_step.py) sampling two remote EnvRunners: SIGKILL
+    """DQN on the fast step (runner/algorithms/fast_step.py) sampling two remote EnvRunners: SIGKILL
     to one, RLlib recreates it and the run finishes, trained throughout. Its checkpoint
     resumed on RLlib's step, and that one's on the fast step again: each continues the
     count and trains (sampling in the main process: no EnvRunner actors to start)."""
@@ -808,8 +808,8 @@ def test_guard_ignores_the_nan_return_of_an_iteration_that_ended_no_episode():
 # after the iteration it decided for would have ended and the watch closed.
 _LATE_BREAK_IN = """
 import signal, time
-from runner import shutdown
-from runner.schema import WatchdogConfig
+from runner.machine import shutdown
+from runner.settings.schema import WatchdogConfig
 
 real = signal.pthread_kill
 def late(thread, signum):
@@ -929,7 +929,7 @@ def test_a_run_record_the_full_disk_refused_is_no_success(tmp_path: Path, monkey
     assert not (tmp_path / "run" / "summary.json").exists()
 
 
-# The rules that end a run whose EnvRunners fail every time (runner/callbacks.py's
+# The rules that end a run whose EnvRunners fail every time (runner/job/callbacks.py's
 # EnvRunnerFaults): its error back after the restart, or nothing sampled for
 # guard.unsampled_iterations (2 here: one restart fewer than the default 3, which leaves a
 # single killed EnvRunner its restart); which comes first depends on how fast Ray restarts.
@@ -996,7 +996,7 @@ def test_an_env_runner_that_fails_every_time_fails_the_run_in_one_line(crash: st
 
 def test_an_env_runner_error_is_named_by_the_first_exception_of_its_chain():
     """RLlib raises RuntimeError from the env's own error: the env's is the cause."""
-    from runner.callbacks import error_line
+    from runner.job.callbacks import error_line
 
     chained = (
         'Traceback (most recent call last):\n  File "env.py", line 3, in step\n'

@@ -1,4 +1,4 @@
-"""The flat replay buffer (runner/flat_replay.py) against RLlib's own buffers on the same
+"""The flat replay buffer (runner/algorithms/flat_replay.py) against RLlib's own buffers on the same
 episodes: the same n-step transitions (returns, next observations, terminations at
 episode ends, chunks of one episode joined), uniform counts, prioritized proportions and
 importance weights. RLlib's buffers run for real; no Ray needed."""
@@ -11,7 +11,7 @@ from episodes import chunks
 from ray.rllib.utils.replay_buffers import PrioritizedEpisodeReplayBuffer
 from scipy.stats import chisquare
 
-from runner.flat_replay import FlatReplay
+from runner.algorithms.flat_replay import FlatReplay
 
 GAMMA = 0.9
 

@@ -18,10 +18,12 @@ from conftest import compose_config
 from simulated_gpu import CUDA13_ARCHS, CUDA126_ARCHS, MODELS, simulate, simulate_cluster
 
 import runner
-from runner import autos, machine, placement, preflight
-from runner.app import Prepared, prepare
+from runner import machine
 from runner.errors import ConfigError, PreflightError
-from runner.schema import typed
+from runner.job.app import Prepared, prepare
+from runner.machine import placement, preflight
+from runner.settings import autos
+from runner.settings.schema import typed
 
 PROFILES = list(MODELS)
 COUNTS = [1, 2, 8]

@@ -1,4 +1,4 @@
-"""`python -m runner --help`'s page (runner/help.py), read from conf/: every option a user
+"""`python -m runner --help`'s page (runner/settings/help.py), read from conf/: every option a user
 can pick with its line, none of the internal groups, and the README's first commands."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 from readme import README, commands
 
 from runner import CONFIG_DIR
-from runner.help import GROUPS, HIDDEN, START, TUNED, describe, text
+from runner.settings.help import GROUPS, HIDDEN, START, TUNED, describe, text
 
 CONF = Path(CONFIG_DIR)
 VISIBLE = (
@@ -142,7 +142,8 @@ def test_page_fits_and_ends_with_the_first_commands():
 def test_importing_it_loads_no_hydra_ray_or_torch():
     code = (
         "import sys\n"
-        "from runner import CONFIG_DIR, help\n"
+        "from runner import CONFIG_DIR\n"
+        "from runner.settings import help\n"
         "help.text(CONFIG_DIR)\n"
         "heavy = {m.split('.')[0] for m in sys.modules} & {'hydra', 'omegaconf', 'ray', 'torch'}\n"
         "print(sorted(heavy))\n"

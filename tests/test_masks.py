@@ -16,10 +16,10 @@ import torch
 from conftest import prepared, run_cli
 from ray.rllib.core.columns import Columns
 
-from runner.algorithm_config import build_module
+from runner.algorithms.algorithm_config import build_module
 from runner.envs import make_env
+from runner.envs.masking import MAIN, RANDOM, MaskedPPO, RandomLegalMoves, Seats
 from runner.errors import ConfigError
-from runner.masking import MAIN, RANDOM, MaskedPPO, RandomLegalMoves, Seats
 
 TESTS = Path(__file__).resolve().parent
 MASKED = ["env.id=null", "env.entry_point=masked_env:MaskedChoice"]

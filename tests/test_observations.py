@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from conftest import prepared
 
-from runner import preflight
-from runner.algorithm_config import conv_filters_for
+from runner.algorithms.algorithm_config import conv_filters_for
 from runner.envs import make_env
 from runner.errors import ConfigError
+from runner.machine import preflight
 
 TESTS = Path(__file__).resolve().parent
 IMAGES = ["env.id=null", "env.entry_point=image_env:TinyImages"]

@@ -12,10 +12,11 @@ import torch
 from conftest import compose_config, prepared
 from simulated_gpu import CUDA13_ARCHS, Model, simulate, simulate_cluster
 
-from runner import machine, preflight
-from runner.app import prepare
+from runner import machine
 from runner.errors import ConfigError
-from runner.schema import typed
+from runner.job.app import prepare
+from runner.machine import preflight
+from runner.settings.schema import typed
 
 A10G = Model("NVIDIA A10G", (8, 6), 24, 80)
 RTX_A1000 = Model("NVIDIA RTX A1000", (8, 6), 8, 20)

@@ -16,11 +16,11 @@ import shared_ray
 from conftest import compose_config
 from simulated_gpu import accelerator_type, simulate
 
-from runner import app, job_hooks, ray_session
-from runner.app import prepare
 from runner.errors import ConfigError, PreflightError
-from runner.job import Job
-from runner.schema import RayConfig, typed
+from runner.job import Job, app, hooks
+from runner.job.app import prepare
+from runner.machine import ray_session
+from runner.settings.schema import RayConfig, typed
 
 
 @pytest.fixture
@@ -101,7 +101,7 @@ def test_a_ray_the_user_started_is_used_and_left_running(environ):
 
 
 # ray.init counted in a real `python -m runner` process; each call records whether the
-# job's module (runner.app) had finished importing by then.
+# job's module (runner.job.app) had finished importing by then.
 COUNTED_RUN = """
 import sys
 import ray
@@ -111,7 +111,7 @@ init = ray.init
 
 
 def counted(*args, **kwargs):
-    calls.append(hasattr(sys.modules.get("runner.app"), "run"))
+    calls.append(hasattr(sys.modules.get("runner.job.app"), "run"))
     return init(*args, **kwargs)
 
 
@@ -147,7 +147,7 @@ def test_the_cli_starts_ray_while_the_job_imports_and_the_job_runs_on_it(tmp_pat
 def test_a_local_gpu_learner_reserves_its_gpu_through_ray(environ, monkeypatch, tmp_path):
     """On a simulated machine of two H200s (tests/simulated_gpu.py) a local Ray counts them
     through NVML and names their accelerator type as a cluster's node would. The job's
-    hooks (runner/job_hooks.py) start that Ray and reserve the local Learner's GPU through
+    hooks (runner/job/hooks.py) start that Ray and reserve the local Learner's GPU through
     it, pointing RLlib's local_gpu_idx at the one Ray gave, so another job on the same Ray
     gets the other GPU, a third is refused in one line within seconds, and a job's end
     frees them. The test starts the hooks and stops at the TaskRun: nothing runs on a GPU."""
@@ -155,8 +155,8 @@ def test_a_local_gpu_learner_reserves_its_gpu_through_ray(environ, monkeypatch, 
     cfg = compose_config(["hardware=h200"])
     job = prepare(typed(cfg))
     assert job.plan.main_gpus == 1
-    hooks = job_hooks.for_job(job.task, Job(cfg, tmp_path, []), job.plan.main_gpus, None, {}, False)
-    assert isinstance(hooks[-1], job_hooks.DriverGpus)
+    around = hooks.for_job(job.task, Job(cfg, tmp_path, []), job.plan.main_gpus, None)
+    assert isinstance(around[-1], hooks.DriverGpus)
     run = app.make_task_run(job, Job(cfg, tmp_path, []), time.perf_counter(), None, [], {})
     for hook in hooks:  # the job's, up to the task: Ray, then the local Learner's GPU
         hook.start(run)

@@ -69,7 +69,7 @@ WAYS: dict[str, Way] = {
     "python3 -m venv .venv-ipex && . .venv-ipex/bin/activate && pip install "
     "-e '.[test,ipex]' && python -m pytest -q -m \"ipex or box\"": SET_UP,
     # Quick start and Config groups
-    "python -m runner --help": Way(expect="tuned presets"),  # runner/help.py's page
+    "python -m runner --help": Way(expect="tuned presets"),  # runner/settings/help.py's page
     "python -m runner --cfg job": Way(expect="num_env_runners:"),
     # Tests: the fast subset, collected only: running the suite inside the suite would recurse.
     'python -m pytest -m "not slow"': Way(

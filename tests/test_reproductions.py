@@ -16,11 +16,11 @@ from test_readme import as_user_dir, run_block
 
 import runner
 from runner import CONFIG_DIR, docs, published, report
-from runner.algorithm_config import build_algorithm_config
+from runner.algorithms.algorithm_config import build_algorithm_config
 from runner.compile.settings import ipex_problem
 from runner.errors import RunnerError, one_line
 from runner.machine import Resources
-from runner.preflight import check
+from runner.machine.preflight import check
 from runner.tasks.exploration_bench import eager_twin
 
 EXPERIMENTS = list(published.experiments())

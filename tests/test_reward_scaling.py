@@ -1,4 +1,4 @@
-"""PPO's reward scaling (runner/reward_scaling.py) against Stable-Baselines3's own
+"""PPO's reward scaling (runner/algorithms/reward_scaling.py) against Stable-Baselines3's own
 running statistics, and in a real PPO run: the Learner trains on scaled rewards, the
 metrics stay the env's, the statistics go into the checkpoint and a resumed run goes on
 from them."""
@@ -16,14 +16,14 @@ from conftest import compose_config, prepared, run_cli
 from episodes import chunks
 from stable_baselines3.common.running_mean_std import RunningMeanStd
 
-from runner.app import start_lines
-from runner.reward_scaling import (
+from runner.algorithms.reward_scaling import (
     STATE_KEY,
     RewardScaling,
     RewardScalingFastPPOLearner,
     RewardScalingPPOLearner,
     ScaleRewards,
 )
+from runner.job.app import start_lines
 
 GAMMA = 0.9
 

@@ -11,11 +11,10 @@ from pathlib import Path
 import pytest
 from conftest import compose_config, prepared, run_cli
 
-from runner import scaling_auto
-from runner.machine import local_resources
-from runner.measure_cache import measured_or_cached
-from runner.scaling_auto import Layout
-from runner.schema import RunnerConfig, typed
+from runner.machine import local_resources, scaling_auto
+from runner.machine.measure_cache import measured_or_cached
+from runner.machine.scaling_auto import Layout
+from runner.settings.schema import RunnerConfig, typed
 
 # 64 EnvRunners fit no machine the tests run on: the series that asks for them stops there.
 COMMON = [

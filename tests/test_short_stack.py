@@ -1,4 +1,4 @@
-"""RLlib's builds on a short stack (runner/short_stack.py): what the caller gets back, and
+"""RLlib's builds on a short stack (runner/machine/short_stack.py): what the caller gets back, and
 what still breaks into it."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from ray.rllib.connectors.common.add_observations_from_episodes_to_batch import 
     AddObservationsFromEpisodesToBatch,
 )
 
-from runner.short_stack import on_short_stack
+from runner.machine.short_stack import on_short_stack
 
 
 def _no_file_frames() -> int:

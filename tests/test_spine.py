@@ -12,11 +12,12 @@ from cli_call import start_many
 from conftest import cli_env, compose_config
 
 import runner
-from runner import CONFIG_DIR, envs, report, video
+from runner import CONFIG_DIR, envs, report
 from runner.api import compose, unique_dir
-from runner.app import prepare
+from runner.envs import video
 from runner.errors import ConfigError
-from runner.schema import typed
+from runner.job.app import prepare
+from runner.settings.schema import typed
 
 RUNNER = Path(runner.__file__).resolve().parent
 # The layers of docs/architecture.md, bottom first: a module imports from its own layer
@@ -25,25 +26,27 @@ LAYERS = [
     # foundation: data types, messages, files, the machine
     {
         "errors",
-        "schema",
+        "settings",
+        "algorithms",
+        "settings.schema",
         "job",
         "console",
-        "budget",
-        "overrides",
-        "guard",
-        "check",
-        "help",
+        "machine.budget",
+        "settings.overrides",
+        "job.guard",
+        "job.check",
+        "settings.help",
         "machine",
-        "measure_cache",
-        "plan",
-        "user_code",
-        "ray_session",
-        "short_stack",
-        "env_runner_errors",
-        "search",
+        "machine.measure_cache",
+        "machine.plan",
+        "settings.user_code",
+        "machine.ray_session",
+        "machine.short_stack",
+        "machine.env_runner_errors",
+        "settings.search",
         "results.files",
         "results.plots",
-        "flat_replay",
+        "algorithms.flat_replay",
     },
     # results and faults
     {
@@ -55,33 +58,33 @@ LAYERS = [
         "results.wandb_logger",
         "results.trials",
         "results.remote",
-        "shutdown",
-        "resume",
+        "machine.shutdown",
+        "job.resume",
     },
     # mechanism: envs, compile, the AlgorithmConfig, the preflight, trained policies
     {
         "envs",
-        "masking",
-        "sac_module",
-        "reward_scaling",
+        "envs.masking",
+        "algorithms.sac_module",
+        "algorithms.reward_scaling",
         "compile",
         "compile.settings",
         "compile.onnxrt",
         "compile.apply",
         "compile.report",
         "compile.auto",
-        "placement",
-        "fast_step",
-        "algorithm_config",
-        "preflight",
-        "scaling_auto",
-        "trained",
-        "video",
-        "tasks.base",
+        "machine.placement",
+        "algorithms.fast_step",
+        "algorithms.algorithm_config",
+        "machine.preflight",
+        "machine.scaling_auto",
+        "algorithms.trained",
+        "envs.video",
+        "job.task",
         "results",
     },
     # the one loop and what watches it, the one settings check, the ONNX export
-    {"loop", "callbacks", "validate", "autos", "onnx_export"},
+    {"job.loop", "job.callbacks", "settings.validate", "settings.autos", "algorithms.onnx_export"},
     # tasks
     {
         "tasks",
@@ -94,7 +97,7 @@ LAYERS = [
         "tasks.exploration_bench",
     },
     # one job, config -> plan -> preflight -> task
-    {"app", "job_hooks"},
+    {"job.app", "job.hooks"},
     # entry points and tools over results
     {"api", "__main__", "sweep", "report", "docs", "published"},
 ]
@@ -172,7 +175,7 @@ def test_each_function_reads_in_one_sitting():
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno
     }
     assert {name: n for name, n in lengths.items() if n > 60} == {}
-    assert lengths["app.py:run"] <= 40
+    assert lengths["job/app.py:run"] <= 40
 
 
 def test_one_training_loop_calls_algorithm_train():
@@ -182,7 +185,7 @@ def test_one_training_loop_calls_algorithm_train():
         for n, line in enumerate(path.read_text().splitlines(), 1)
         if "algo.train()" in line
     ]
-    assert len(calls) == 1 and calls[0].startswith("loop.py:"), calls
+    assert len(calls) == 1 and calls[0].startswith("job/loop.py:"), calls
 
 
 def test_the_env_factory_builds_every_env_with_the_same_settings():

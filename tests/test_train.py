@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 import runner
-from runner.callbacks import print_row
-from runner.loop import carry_last_return
+from runner.job.callbacks import print_row
+from runner.job.loop import carry_last_return
 
 
 def test_experiment_values_override_the_root_config():

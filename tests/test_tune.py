@@ -29,7 +29,7 @@ from wandb_records import offline_run
 import runner
 from runner.errors import ConfigError, RunnerError, one_line
 from runner.results import checkpoints
-from runner.schema import typed
+from runner.settings.schema import typed
 from runner.tasks.tune import _callbacks
 
 if TYPE_CHECKING:
@@ -303,7 +303,7 @@ def test_wandb_without_its_package_is_one_line(monkeypatch):
 def test_a_search_logs_each_trial_through_tunes_own_wandb_callback():
     from ray.air.integrations.wandb import WandbLoggerCallback
 
-    from runner.tasks.base import TaskRun
+    from runner.job.task import TaskRun
 
     overrides = ["task=tune", "search=ppo_cartpole", "logger=wandb", "logger.wandb.mode=offline"]
     settings = typed(compose_config([*overrides, "logger.wandb.tags=[nightly]"]))

@@ -13,9 +13,10 @@ from conftest import compose_config, prepared
 from omegaconf import OmegaConf
 
 import runner
-from runner import CONFIG_DIR, preflight
-from runner.app import start_lines
+from runner import CONFIG_DIR
 from runner.errors import RunnerError
+from runner.job.app import start_lines
+from runner.machine import preflight
 
 # name: (threshold, env-step budget), as issue 11 and RLlib's examples state them.
 TUNED = {

@@ -27,8 +27,8 @@ from ray.rllib.core.columns import Columns
 from readme import commands, python_blocks
 from test_readme import run_block
 
-from runner import onnx_export as export
-from runner import trained
+from runner.algorithms import onnx_export as export
+from runner.algorithms import trained
 from runner.results import checkpoints
 
 TESTS = Path(__file__).resolve().parent

@@ -25,7 +25,7 @@ from ray.rllib.core.rl_module.multi_rl_module import MultiRLModule
 from ray.rllib.utils.actor_manager import RemoteCallResults
 
 from runner.compile.settings import MODE_BACKENDS, CompileSpec
-from runner.user_code import beside
+from runner.settings.user_code import beside
 
 if TYPE_CHECKING:  # dynamo (about 1 s to import) loads where a compile runs, not before
     from torch._dynamo.callback import CallbackArgs

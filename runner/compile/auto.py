@@ -37,9 +37,7 @@ from ray.rllib.core.columns import Columns
 from ray.rllib.core.rl_module.torch import TorchRLModule
 from torch._dynamo.utils import counters
 
-from runner import measure_cache
-from runner.algorithm_config import build_module
-from runner.budget import Budget
+from runner.algorithms.algorithm_config import build_module
 from runner.compile.apply import compile_function
 from runner.compile.settings import (
     IDLE,
@@ -53,9 +51,10 @@ from runner.compile.settings import (
 )
 from runner.envs import make_env, random_rollout
 from runner.errors import ConfigError, did_you_mean, one_line
-from runner.machine import cpu_model
-from runner.measure_cache import cache_dir, cache_file, writable
-from runner.schema import COMPONENT_KINDS, AutoConfig, RunnerConfig
+from runner.machine import cpu_model, measure_cache
+from runner.machine.budget import Budget
+from runner.machine.measure_cache import cache_dir, cache_file, writable
+from runner.settings.schema import COMPONENT_KINDS, AutoConfig, RunnerConfig
 
 KINDS = COMPONENT_KINDS
 METHODS = {"env_runners": "forward_exploration", "learners": "forward_train"}

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from runner.errors import ConfigError, did_you_mean
-from runner.schema import CompileConfig, ScalingConfig
+from runner.settings.schema import CompileConfig, ScalingConfig
 
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 RUNNER_BACKENDS = ("onnxrt", "ipex")

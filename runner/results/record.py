@@ -48,7 +48,7 @@ def ended_early(
     build), `failed` otherwise. A run dir that holds another run's results gets nothing;
     a disk that refuses the record leaves the job's own error the one shown."""
     from runner.errors import ConfigError, PreflightError, RunDirUsed, one_line
-    from runner.shutdown import interrupted
+    from runner.machine.shutdown import interrupted
 
     if isinstance(error, RunDirUsed) or (run_dir / SUMMARY).exists():
         return

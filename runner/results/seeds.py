@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from runner import overrides as ov
 from runner.results import plots
 from runner.results.files import return_points
+from runner.settings import overrides as ov
 
 CONFIDENCE = 0.95
 RESAMPLES = 2000

@@ -29,7 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 from runner.errors import ConfigError, one_line
 from runner.job import Job
 from runner.results.files import env_step
-from runner.schema import RunnerConfig
+from runner.settings.schema import RunnerConfig
 
 DEFAULT_STORE = Path("outputs")
 ARTIFACTS = ("summary.json", "plan.json", "eval.json", "bench.json", "trials.csv")

@@ -16,11 +16,11 @@ from typing import Any
 import yaml
 from omegaconf import OmegaConf
 
-from runner import search
 from runner.job import Composer
 from runner.results import plots
 from runner.results.files import json_safe, write_atomic, write_csv
-from runner.schema import Distribution, RunnerConfig
+from runner.settings import search
+from runner.settings.schema import Distribution, RunnerConfig
 
 FINISHED, EARLY, ERROR, NOT_FINISHED = "finished", "early_stopped", "error", "not_finished"
 # The groups a best experiment file names; the rest of what the search ran with is

@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 from runner.errors import ConfigError, one_line
 from runner.job import Job
 from runner.results.files import env_step, flatten_numbers
-from runner.schema import RunnerConfig, WandbConfig, WandbMode
+from runner.settings.schema import RunnerConfig, WandbConfig, WandbMode
 
 log = logging.getLogger("runner")
 

@@ -9,7 +9,7 @@ import importlib
 import pkgutil
 
 from runner.errors import ConfigError, did_you_mean
-from runner.tasks.base import Task
+from runner.job.task import Task
 
 
 def _discover() -> dict[str, Task]:

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from runner.console import console
 from runner.errors import ConfigError
+from runner.job.task import Task, TaskRun, own_settings
 from runner.results import plots
 from runner.results.files import write_csv, write_json
-from runner.schema import COMPONENT_KINDS, RunnerConfig, TaskSettings
-from runner.tasks.base import Task, TaskRun, own_settings
+from runner.settings.schema import COMPONENT_KINDS, RunnerConfig, TaskSettings
 
 if TYPE_CHECKING:  # light at import: the task's heavy modules load when it runs
     from runner.compile.settings import CompileSpec

@@ -10,7 +10,7 @@ the local one), one env each: with several envs per EnvRunner the episodes that 
 (the short ones) would fill the count. Greedy unless `task.explore=true`. Each episode's
 return and length are logged by an on_episode_end callback in the EnvRunner that ran it:
 episodes.csv, and eval.json's figures computed from those rows (RLlib's own mean beside
-them). `task.video=true` then records `task.video_episodes` more episodes (runner/video.py).
+them). `task.video=true` then records `task.video_episodes` more episodes (runner/envs/video.py).
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from runner.console import console, progress
 from runner.errors import ConfigError
+from runner.job.task import Task, TaskRun, own_settings
 from runner.results.files import EVAL, versions, write_csv, write_json
-from runner.schema import ReadsCheckpoint, RunnerConfig
-from runner.tasks.base import Task, TaskRun, own_settings
+from runner.settings.schema import ReadsCheckpoint, RunnerConfig
 
 if TYPE_CHECKING:  # light at import: the task's heavy modules load when it runs
     from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
@@ -68,9 +68,10 @@ def configure(config: AlgorithmConfig, settings: RunnerConfig) -> None:
     (only its restored weights are used); the checkpoint's policy checked against the env."""
     from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 
-    from runner import trained, video
-    from runner.resume import find_checkpoint
-    from runner.user_code import beside
+    from runner.algorithms import trained
+    from runner.envs import video
+    from runner.job.resume import find_checkpoint
+    from runner.settings.user_code import beside
 
     task = own_settings(settings, EvaluateSettings)
     if task.video:
@@ -113,7 +114,7 @@ def log_episode(*, episode: Any, env_runner: EnvRunner, **_: Any) -> None:
     EnvRunner that ran it until the task collects them; the counter told."""
     import ray
 
-    from runner.masking import episode_return
+    from runner.envs.masking import episode_return
 
     if _COUNTER_HANDLE not in env_runner.__dict__:
         try:
@@ -184,7 +185,7 @@ def episode_progress(episodes: int) -> Iterator[None]:
 
 
 def run(run: TaskRun) -> None:
-    from runner import video
+    from runner.envs import video
 
     settings, run_dir = run.settings, run.files
     task = own_settings(settings, EvaluateSettings)

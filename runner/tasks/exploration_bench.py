@@ -19,15 +19,15 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from runner.console import console
 from runner.errors import ConfigError, RunnerError
+from runner.job.task import Task, TaskRun, own_settings
+from runner.machine.shutdown import Interrupted
 from runner.results import plots
 from runner.results.files import BENCH, write_csv, write_json
-from runner.schema import RecordConfig, RunnerConfig, StopConfig, TaskSettings
-from runner.shutdown import Interrupted
-from runner.tasks.base import Task, TaskRun, own_settings
+from runner.settings.schema import RecordConfig, RunnerConfig, StopConfig, TaskSettings
 
 if TYPE_CHECKING:  # light at import: the task's heavy modules load when it runs
     from runner.compile.settings import CompileSpec
-    from runner.plan import Plan
+    from runner.machine.plan import Plan
 
 
 NEEDS_ENV_RUNNER_COMPILE = (
@@ -124,9 +124,9 @@ def _both_copies(
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The compiled copy and its eager twin built, then their rounds run in turn: each
     round's rows, and the compiled copy's compile reports."""
-    from runner import loop
-    from runner.algorithm_config import build_algorithm_config
+    from runner.algorithms.algorithm_config import build_algorithm_config
     from runner.compile import report as compile_report
+    from runner.job import loop
 
     settings, spec = run.settings, run.spec
     # Both copies keep nothing on disk (the bench's files are its own) and run every

@@ -2,7 +2,7 @@
 
     python -m runner task=export checkpoint=<run dir or checkpoint dir>
 
-The export itself is runner/onnx_export.py (loaded when the task runs): policy.onnx is
+The export itself is runner/algorithms/onnx_export.py (loaded when the task runs): policy.onnx is
 the module's `forward_inference` with the weights as constants, policy.json says what
 goes in and how to act on what comes out, and parity with torch at each of
 `task.batch_sizes` must be within `task.tolerance`, else nothing is kept.
@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
 from runner.errors import ConfigError
-from runner.schema import ReadsCheckpoint, RunnerConfig
-from runner.tasks.base import Task, TaskRun, own_settings
+from runner.job.task import Task, TaskRun, own_settings
+from runner.settings.schema import ReadsCheckpoint, RunnerConfig
 
 if TYPE_CHECKING:
     from runner.compile.settings import CompileSpec
@@ -40,7 +40,7 @@ def check(settings: RunnerConfig, spec: CompileSpec | None) -> list[str]:
 
 
 def run(run: TaskRun) -> None:
-    from runner.onnx_export import export
+    from runner.algorithms.onnx_export import export
 
     export(run)
 

@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from runner.console import console, progress
 from runner.errors import ConfigError
+from runner.job.task import Task, TaskRun, own_settings
 from runner.results import plots
 from runner.results.files import BENCH, write_csv, write_json
-from runner.schema import Accelerator, RunnerConfig, TaskSettings
-from runner.tasks.base import Task, TaskRun, own_settings
+from runner.settings.schema import Accelerator, RunnerConfig, TaskSettings
 
 if TYPE_CHECKING:  # light at import: the task's heavy modules load when it runs
     import torch._dynamo
@@ -35,7 +35,7 @@ if TYPE_CHECKING:  # light at import: the task's heavy modules load when it runs
     from ray.rllib.core.rl_module.torch import TorchRLModule
 
     from runner.compile.settings import CompileSpec
-    from runner.plan import Plan
+    from runner.machine.plan import Plan
 
 
 NEEDS_COMPILE = (
@@ -89,7 +89,7 @@ def bench_device(settings: RunnerConfig) -> str:
 
 def driver_only(plan: Plan, settings: RunnerConfig) -> Plan:
     """The bench starts no actor: the module runs here, on the GPU for a GPU profile."""
-    from runner.plan import Group, Plan
+    from runner.machine.plan import Group, Plan
 
     gpus = 1.0 if bench_device(settings) == "cuda" else 0.0
     note = f"the driver: the benchmarked module, on {bench_device(settings)}"
@@ -100,7 +100,7 @@ def build_module(config: AlgorithmConfig) -> tuple[TorchRLModule, torch.Tensor]:
     """The EnvRunner's RLModule for this config, and one real observation of its env."""
     import torch._dynamo
 
-    from runner.algorithm_config import build_module
+    from runner.algorithms.algorithm_config import build_module
     from runner.envs import make_env
 
     env = make_env(config)

@@ -1,4 +1,4 @@
-"""task=train: build the Algorithm, train it with the one loop (runner/loop.py) until a
+"""task=train: build the Algorithm, train it with the one loop (runner/job/loop.py) until a
 stop criterion; its figures, the compile section and where it ran go into the run record.
 
 With compile on the EnvRunners, every iteration (after the weight sync) replays each
@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from runner.errors import RunEnded
-from runner.schema import RunnerConfig, TaskSettings
-from runner.shutdown import Interrupted
-from runner.tasks.base import Task, TaskRun
+from runner.job.task import Task, TaskRun
+from runner.machine.shutdown import Interrupted
+from runner.settings.schema import RunnerConfig, TaskSettings
 
 
 @dataclass
@@ -26,7 +26,7 @@ class TrainSettings(TaskSettings):
 def configure(config: Any, settings: RunnerConfig) -> None:
     """With `record.every`, the env must draw frames: one line before Ray starts if not."""
     if settings.record.every:
-        from runner import video
+        from runner.envs import video
 
         video.check_renders(config)
 
@@ -49,10 +49,10 @@ def run(run: TaskRun) -> None:
     """Train, then the run record's figures with the compile section and where it ran; then the exit
     the outcome calls for (a signal's 128 + n, 1 for a stall, a non-finite value or a
     missed check, the crash itself)."""
-    from runner import loop
-    from runner.callbacks import Progress
     from runner.compile import report as compile_report
     from runner.console import console
+    from runner.job import loop
+    from runner.job.callbacks import Progress
 
     figures = loop.train(run)
     progress: Progress = figures.pop("progress")

@@ -25,24 +25,24 @@ from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from omegaconf import OmegaConf
 
-from runner.callbacks import Callback, Iteration
 from runner.console import console
 from runner.errors import ConfigError, RunnerError
+from runner.job.callbacks import Callback, Iteration
+from runner.job.task import Task, TaskRun, own_settings
+from runner.machine.shutdown import HANDLED, Interrupted, in_main_thread, install_default
 from runner.results.files import CONFIG
-from runner.schema import RunnerConfig, TaskSettings
-from runner.shutdown import HANDLED, Interrupted, in_main_thread, install_default
-from runner.tasks.base import Task, TaskRun, own_settings
+from runner.settings.schema import RunnerConfig, TaskSettings
 
 if TYPE_CHECKING:  # light at import: the task's heavy modules load when it runs
     from ray import tune
     from ray.rllib.algorithms.algorithm import Algorithm
 
-    from runner.callbacks import Training
     from runner.compile.settings import CompileSpec
-    from runner.plan import Plan
+    from runner.job.callbacks import Training
+    from runner.machine.plan import Plan
 
 
-METRIC, MODE = "objective", "max"  # Training.objective (runner/loop.py)
+METRIC, MODE = "objective", "max"  # Training.objective (runner/job/loop.py)
 SEARCHERS = ("optuna", "random")
 
 
@@ -70,8 +70,8 @@ def budget(settings: RunnerConfig) -> tuple[str, int]:
 
 def check(settings: RunnerConfig, spec: CompileSpec | None) -> list[str]:
     """The search's own settings, then every searched value through RLlib's builders."""
-    from runner import search
-    from runner.algorithm_config import build_algorithm_config
+    from runner.algorithms.algorithm_config import build_algorithm_config
+    from runner.settings import search
 
     task = own_settings(settings, TuneSettings)
     if not settings.search.space:
@@ -126,17 +126,19 @@ def scale_plan(plan: Plan, settings: RunnerConfig) -> Plan:
 
 
 def trial(values: dict[str, Any], settings: RunnerConfig) -> None:
-    """One trial, inside its Tune actor: the one training loop (runner/loop.py) over the
+    """One trial, inside its Tune actor: the one training loop (runner/job/loop.py) over the
     composed config with `values`, its files in the trial's dir (metrics.jsonl in the
     run's format, checkpoints), `check.*`, the guard and the watchdog as in a run; each
     iteration reported to Tune, with a checkpoint every checkpoint.every iterations and
     at the end, so an interrupted search continues the trial."""
     from ray import tune
 
-    from runner import loop, search, tasks
-    from runner.algorithm_config import build_algorithm_config
-    from runner.ray_session import import_py_modules_here
-    from runner.validate import validate
+    from runner import tasks
+    from runner.algorithms.algorithm_config import build_algorithm_config
+    from runner.job import loop
+    from runner.machine.ray_session import import_py_modules_here
+    from runner.settings import search
+    from runner.settings.validate import validate
 
     settings = search.with_values(settings, values)
     import_py_modules_here(settings.ray.runtime_env)
@@ -272,8 +274,8 @@ def make_tuner(run: TaskRun, experiment: str | None) -> tune.Tuner:
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
 
-    from runner import search
-    from runner.resume import SEARCH_DIR
+    from runner.job.resume import SEARCH_DIR
+    from runner.settings import search
 
     settings, tune_dir = run.settings, run.files / SEARCH_DIR
     # RLlib types algo_class as a plain type; the config's is an Algorithm's, whose new API
@@ -357,9 +359,9 @@ class TrialsFailed(RunnerError):
 def run(run: TaskRun) -> None:
     """The search, then its results from Tune's experiment; the exit a signal (130 for
     Ctrl-C, with the search resumable) or a failed trial (1) calls for."""
-    from runner import search
+    from runner.job.resume import SEARCH_DIR
     from runner.results import tracking, trials
-    from runner.resume import SEARCH_DIR
+    from runner.settings import search
 
     settings, run_dir = run.settings, run.files
     task = own_settings(settings, TuneSettings)

@@ -9,7 +9,7 @@ from typing import Any
 
 from ray.rllib.callbacks.callbacks import RLlibCallback
 
-from runner.callbacks import Callback, Iteration
+from runner.job.callbacks import Callback, Iteration
 
 
 class EpisodeSteps(RLlibCallback):
@@ -27,7 +27,7 @@ def print_module_size(*, algorithm: Any, **kwargs: Any) -> None:
 
 
 class Plateau(Callback):
-    """A run callback (runner/callbacks.py): stop when the training return mean has not
+    """A run callback (runner/job/callbacks.py): stop when the training return mean has not
     improved by `min_delta` for `patience` iterations, and write plateau.json into the
     run dir with the best return and when it came."""
 

@@ -11,7 +11,7 @@ metrics and replaces only that bookkeeping, through RLlib's own extension points
 - the EnvRunners sample `updates_per_call` updates' worth of env steps in one call, at
   the configured replay ratio (RLlib's: one train batch per `rollout_fragment_length` x
   envs x EnvRunners env steps, scaled by `training_intensity`);
-- the steps go into a `FlatReplay` (runner/flat_replay.py), which samples RLlib's
+- the steps go into a `FlatReplay` (runner/algorithms/flat_replay.py), which samples RLlib's
   n-step transitions for all those updates at once;
 - the Learner takes them as one batch (`learner_group.update(batch=...,
   minibatch_size=train_batch_size)`): one gradient step per minibatch, the target
@@ -64,8 +64,8 @@ from ray.rllib.utils.metrics import (
 )
 from ray.rllib.utils.torch_utils import clip_gradients
 
-from runner.flat_replay import FlatReplay
-from runner.schema import FastStepConfig
+from runner.algorithms.flat_replay import FlatReplay
+from runner.settings.schema import FastStepConfig
 
 # The env-step count each minibatch of a call stands for, passed to the Learner.
 MINIBATCH_TIMESTEPS = "runner_minibatch_timesteps"

@@ -7,7 +7,7 @@ RLlib's own setter checks run. The fixed scaling fields go through explicit
 `env_runners(...)` and `learners(...)` calls; the free-form `algo.*` sections are checked
 key by key against the builder's parameters, so a key no builder takes fails here with
 the closest valid keys instead of as a TypeError deep inside RLlib. Classes, functions
-and objects in those sections are named by import path or `_target_` (runner/user_code.py).
+and objects in those sections are named by import path or `_target_` (runner/settings/user_code.py).
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.algorithms.registry import ALGORITHMS
 from ray.rllib.utils.from_config import NotProvided
 
+from runner.algorithms.fast_step import choose as choose_training_step
+from runner.algorithms.reward_scaling import choose as choose_reward_scaling
 from runner.compile.apply import add_to_config
 from runner.compile.settings import CompileSpec
 from runner.envs import environment_kwargs, observation_spaces, setting, wraps_atari
-from runner.errors import ConfigError, did_you_mean
-from runner.fast_step import choose as choose_training_step
-from runner.masking import (
+from runner.envs.masking import (
     MAIN,
     RANDOM,
     MaskedPPO,
@@ -36,8 +36,8 @@ from runner.masking import (
     is_masked,
     log_game,
 )
-from runner.reward_scaling import choose as choose_reward_scaling
-from runner.schema import (
+from runner.errors import ConfigError, did_you_mean
+from runner.settings.schema import (
     AlgoConfig,
     EnvConfig,
     EvalConfig,
@@ -46,7 +46,7 @@ from runner.schema import (
     RunnerConfig,
     ScalingConfig,
 )
-from runner.user_code import PolicyTable, beside, materialize
+from runner.settings.user_code import PolicyTable, beside, materialize
 
 # The free-form algo sections, in the order their builders are called.
 ALGO_SECTIONS = (

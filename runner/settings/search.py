@@ -19,7 +19,7 @@ from ray import tune
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 
 from runner.errors import ConfigError, did_you_mean
-from runner.schema import Distribution, RunnerConfig
+from runner.settings.schema import Distribution, RunnerConfig
 
 KINDS = tuple(f.name for f in fields(Distribution))
 # Each trial's resources are reserved before its values are sampled.

@@ -18,13 +18,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from runner.machine import Resources
-from runner.schema import Accelerator, RunnerConfig
+from runner.settings.schema import Accelerator, RunnerConfig
 
 if TYPE_CHECKING:
     from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 
     from runner.compile.settings import CompileSpec
-    from runner.plan import Plan
+    from runner.machine.plan import Plan
 
 # The scaling guide's learner-placement rule is written for these algorithms.
 GUIDE_ALGOS = ("IMPALA", "APPO")
@@ -116,7 +116,7 @@ def fit_aggregators(
     2-core machine): the config changed in place and one line for the run's start;
     False where it changes nothing (they fit, none are asked for, fewer would not fit
     either, or preflight.strict=false, which tries the plan as it is)."""
-    from runner.plan import AGGREGATOR
+    from runner.machine.plan import AGGREGATOR
 
     per_learner = config.num_aggregator_actors_per_learner
     total = plan.count(AGGREGATOR)

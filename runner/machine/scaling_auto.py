@@ -24,21 +24,21 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any, cast
 
-from runner.budget import Budget
 from runner.errors import ConfigError
 from runner.machine import Resources, cpu_model
-from runner.measure_cache import cache_dir, cache_file, measured_or_cached
-from runner.schema import RunnerConfig
+from runner.machine.budget import Budget
+from runner.machine.measure_cache import cache_dir, cache_file, measured_or_cached
+from runner.settings.schema import RunnerConfig
 
 if TYPE_CHECKING:
     from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
     from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
     from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 
-    from runner.plan import Plan
+    from runner.machine.plan import Plan
 
 MODES = ("sync", "async")
-# The job's own planning (runner.app.prepare): settings and machine -> config and plan.
+# The job's own planning (runner.job.app.prepare): settings and machine -> config and plan.
 Planner = Callable[[RunnerConfig, Resources], "tuple[AlgorithmConfig, Plan]"]
 
 
@@ -105,7 +105,7 @@ def with_layout(settings: RunnerConfig, layout: Layout) -> RunnerConfig:
 
 def fits(plan: Plan, resources: Resources) -> bool:
     """Whether the preflight's CPU check passes this plan on `resources`."""
-    from runner.preflight import cpu_shortfall
+    from runner.machine.preflight import cpu_shortfall
 
     problems, _ = cpu_shortfall(plan, resources)
     return not problems
@@ -292,7 +292,7 @@ def measure_all(
     nothing alone (Ray's own start-up, or anything else on the machine, can slow one):
     the fastest layout and the configured one are measured again at the end, in turn.
 
-    The likeliest first, within scaling.auto.budget_seconds (runner/budget.py: a line per
+    The likeliest first, within scaling.auto.budget_seconds (runner/machine/budget.py: a line per
     measurement and a progress bar): the series (`candidates`) whose first layout fits
     the CPU plan, each climbed from the configured envs per EnvRunner, up while the rate
     rises, else down; a candidate starts only where it and the last two measurements
@@ -363,7 +363,7 @@ def choose(
 ) -> tuple[RunnerConfig, dict[str, Any]]:
     """The settings with the chosen layout, and the record's scaling_auto section: the
     figures from the cache (unless scaling.auto.refresh) or measured now on the run's Ray."""
-    from runner.ray_session import start_ray
+    from runner.machine.ray_session import start_ray
 
     auto = settings.scaling.auto
     configured = plan(with_layout(settings, baseline(settings)), resources)[0]

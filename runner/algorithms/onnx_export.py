@@ -27,13 +27,13 @@ from ray.rllib.core.rl_module.rl_module import RLModule
 from ray.rllib.core.rl_module.torch import TorchRLModule
 from torch.onnx import symbolic_helper
 
-from runner import trained
+from runner.algorithms import trained
 from runner.console import console
 from runner.envs import make_env, random_rollout, wraps_atari
 from runner.errors import ConfigError, RunnerError
+from runner.job.task import TaskRun
 from runner.results.files import POLICY, versions, write_json
-from runner.schema import RunnerConfig
-from runner.tasks.base import TaskRun
+from runner.settings.schema import RunnerConfig
 
 INPUT = "obs"
 NANMEAN_OPSET = 15  # CastLike, and ReduceSum's axes as an input, need 15

@@ -1,4 +1,4 @@
-"""What watches a training run: callbacks the one loop (runner/loop.py) calls, and nothing
+"""What watches a training run: callbacks the one loop (runner/job/loop.py) calls, and nothing
 else. The loop trains and keeps the run's rows; everything that writes, logs, guards,
 checks or stops a run by its figures is a callback here, built from the config in
 `for_run`, in the order listed there:
@@ -26,14 +26,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from runner.check import Check
 from runner.console import console
 from runner.errors import RunEnded, RunnerError
+from runner.job.check import Check
 from runner.results.files import ENV_RUNNER_ERROR, MetricsLog, env_step
-from runner.schema import NonFinite, RunnerConfig, StopConfig
+from runner.settings.schema import NonFinite, RunnerConfig, StopConfig
 
 if TYPE_CHECKING:
-    from runner.tasks.base import TaskRun
+    from runner.job.task import TaskRun
 
 
 @dataclass
@@ -64,7 +64,7 @@ class Progress:
 
 
 class Training(Protocol):
-    """What a callback reads of the one loop's training (runner/loop.py's Training): what
+    """What a callback reads of the one loop's training (runner/job/loop.py's Training): what
     it decides goes back as on_iteration's return (a Tune trial's reporter, last, saves
     the checkpoint Tune takes with a trial's last result itself)."""
 
@@ -125,7 +125,7 @@ def stop_reason(stop: StopConfig, row: dict[str, Any], train_seconds: float) -> 
 
 def describe_stops(stop: StopConfig, defaults: Collection[str]) -> str:
     """The stop criteria in force, in one line, as `stop_reason` tests them; the budgets
-    that are the runner's defaults (`defaults`: runner/schema.py's stop_default) marked."""
+    that are the runner's defaults (`defaults`: runner/settings/schema.py's stop_default) marked."""
     criteria = {
         "episode_return_mean": (stop.episode_return_mean, "episode return mean >= {:g}"),
         "iterations": (stop.iterations, "{:,} iterations"),
@@ -271,7 +271,7 @@ class EnvRunnerFaults(Callback):
     - a stop criterion would end a run that has sampled no env step at all.
     The cause is the EnvRunner's own exception, carried from its process, or, for a
     process that died without one (os._exit, a segfault), Ray's word on its exit and the
-    last lines of its log (runner/env_runner_errors.py). A lost actor whose replacement
+    last lines of its log (runner/machine/env_runner_errors.py). A lost actor whose replacement
     samples again (one killed, out of memory) is left to RLlib's restarts."""
 
     def __init__(self, unsampled_iterations: int) -> None:
@@ -285,7 +285,7 @@ class EnvRunnerFaults(Callback):
         self.since_ms = int(time.time() * 1000)
 
     def on_iteration(self, training: Training, it: Iteration) -> Decision | None:
-        from runner import env_runner_errors
+        from runner.machine import env_runner_errors
 
         now, progress = it.row["iteration"], training.progress
         texts = env_runner_errors.take()
@@ -315,7 +315,7 @@ class EnvRunnerFaults(Callback):
     def _cause(self) -> tuple[str, str]:
         """The cause in one line and its traceback: the newest error an EnvRunner reported,
         else the newest exit of an EnvRunner's process, else what Ray reports."""
-        from runner import env_runner_errors
+        from runner.machine import env_runner_errors
 
         if self.newest_error:
             return error_line(self.newest_error), self.newest_error
@@ -337,7 +337,7 @@ class EnvRunnerFaults(Callback):
         return Decision(reason, "failed", RunEnded(reason), {"env_runner_error": error})
 
     def on_end(self, training: Training, outcome: dict[str, Any]) -> None:
-        from runner import env_runner_errors
+        from runner.machine import env_runner_errors
 
         env_runner_errors.close()
 
@@ -350,7 +350,7 @@ class NonFiniteGuard(Callback):
         self.mode = mode
 
     def on_iteration(self, training: Training, it: Iteration) -> Decision | None:
-        from runner import guard
+        from runner.job import guard
 
         found = guard.non_finite(it.result)
         if not found:
@@ -398,7 +398,7 @@ class Video(Callback):
         algo = training.algo
         if training.faulted or algo.iteration % self.every:
             return None
-        from runner import video
+        from runner.envs import video
 
         video.record(
             algo.config,
@@ -428,7 +428,7 @@ class StopCriteria(Callback):
 def users(run: TaskRun) -> list[Callback]:
     """The config's `callbacks:` list, each built from its `_target_` mapping (validate
     checked that each names a Callback and keywords it takes)."""
-    from runner.user_code import build
+    from runner.settings.user_code import build
 
     return [build(dict(node), f"callbacks[{n}]") for n, node in enumerate(run.settings.callbacks)]
 

@@ -2,12 +2,12 @@
 
 task=train, each Ray Tune trial and both copies of the exploration bench drive a
 `Training`: one iteration at a time, its row kept, then handed to the run's callbacks
-(runner/callbacks.py), which print it, write it to metrics.jsonl, TensorBoard and the
+(runner/job/callbacks.py), which print it, write it to metrics.jsonl, TensorBoard and the
 loggers, guard against non-finite values, checkpoint (whole or not at all, ranked by the
 evaluation return when `eval.every` evaluates during training:
 runner/results/checkpoints.py), record video, hold it against the pass criterion and
 the stop criteria, and may ask to stop. `train` adds the watch (signals, the grace after
-one, the stall watchdog: runner/shutdown.py), the final checkpoint and the run's
+one, the stall watchdog: runner/machine/shutdown.py), the final checkpoint and the run's
 figures. A signal, a stall, a non-finite value or a crash ends a run the same way, with
 `status` saying which and the checkpoints that finished kept.
 """
@@ -21,16 +21,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from runner import callbacks
-from runner.callbacks import Callback, Decision, Iteration, Progress
-from runner.check import Check
 from runner.console import console
+from runner.envs.masking import MAIN
 from runner.errors import RunnerError, one_line
-from runner.masking import MAIN
+from runner.job import callbacks
+from runner.job.callbacks import Callback, Decision, Iteration, Progress
+from runner.job.check import Check
+from runner.job.task import TaskRun
+from runner.machine.shutdown import Watch, signal_name
 from runner.results import checkpoints
 from runner.results.files import flatten_numbers, headline
-from runner.shutdown import Watch, signal_name
-from runner.tasks.base import TaskRun
 
 
 def carry_last_return(row: dict[str, Any], previous: dict[str, Any] | None) -> None:
@@ -264,7 +264,7 @@ class Training:
         outlived the grace after a signal."""
         progress = self.progress
         if watch.cause == "stalled":
-            from runner.ray_session import waiting_for
+            from runner.machine.ray_session import waiting_for
 
             progress.end(
                 "stalled",

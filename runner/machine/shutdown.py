@@ -22,8 +22,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from runner.ray_session import SIGNALS, kill_local_ray
-from runner.schema import WatchdogConfig
+from runner.machine.ray_session import SIGNALS, kill_local_ray
+from runner.settings.schema import WatchdogConfig
 
 HANDLED = SIGNALS
 

@@ -13,7 +13,7 @@ Two ways an EnvRunner's process ends, and how each reaches the driver:
   stderr log on its node holds its last words (Ray's faulthandler prints a crash's stack
   there), which the driver reads where that node is its own.
 
-The EnvRunnerFaults callback (runner/callbacks.py) fails a run on either. A Ray job's runs
+The EnvRunnerFaults callback (runner/job/callbacks.py) fails a run on either. A Ray job's runs
 one after another (a sweep's jobs in one process) each empty the box when they end
 (`close`).
 """

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.errors import ConfigError, PreflightError
-from runner.schema import LogLevel, RayConfig
+from runner.settings.schema import LogLevel, RayConfig
 
 
 def quiet_ray(level_name: LogLevel) -> int:
@@ -27,7 +27,7 @@ def quiet_ray(level_name: LogLevel) -> int:
     return level
 
 
-# The signals whose handlers ray.init may replace (runner/shutdown.py handles these).
+# The signals whose handlers ray.init may replace (runner/machine/shutdown.py handles these).
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 # A local Ray starts no idle Python workers ahead of need: a run without EnvRunner or
@@ -130,7 +130,7 @@ def start_ray(ray_cfg: RayConfig, compile_cache_dir: str | None = None) -> None:
     this process started it for an earlier job with the same settings (a sweep's jobs
     share one); one started with other settings is stopped first. ray.init sets a SIGTERM
     handler of its own (a C++ stack dump, exit 15): the handlers set before it (the
-    runner's: runner/shutdown.py) are set again after it.
+    runner's: runner/machine/shutdown.py) are set again after it.
     """
     main = threading.current_thread() is threading.main_thread()  # where handlers are set
     handlers = {s: signal.getsignal(s) for s in SIGNALS} if main else {}

@@ -15,7 +15,7 @@ Named from YAML as a module class (conf/tuned/sac_pendulum.yaml):
 
     algo.rl_module.rl_module_spec:
       _target_: ray.rllib.core.rl_module.rl_module.RLModuleSpec
-      module_class: runner.sac_module:SB3QSAC
+      module_class: runner.algorithms.sac_module:SB3QSAC
 """
 
 from __future__ import annotations
@@ -50,8 +50,9 @@ class SB3QCatalog(SACCatalog):
         widths = (_width(obs), _width(actions))
         if None in widths:
             raise ConfigError(
-                f"runner.sac_module:SB3QSAC takes flat Box observations and actions, not "
-                f"{obs} and {actions}: drop algo.rl_module.rl_module_spec for RLlib's SAC module"
+                "runner.algorithms.sac_module:SB3QSAC takes flat Box observations and actions, "
+                f"not {obs} and {actions}: drop algo.rl_module.rl_module_spec for RLlib's SAC "
+                "module"
             )
         hiddens = list(self._model_config_dict["fcnet_hiddens"])
         activation = self._model_config_dict["fcnet_activation"]

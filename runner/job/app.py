@@ -3,7 +3,7 @@
 `prepare` starts nothing and writes no file: typed settings, the task, the compile spec, the
 AlgorithmConfig and the resource plan. `run` adds the run dir, the preflight against this
 machine or the cluster, the dry run, and runs the task on its `TaskRun` under the job's
-hooks (runner/job_hooks.py: trackers, the record, Ray, ...). Nothing here knows any one
+hooks (runner/job/hooks.py: trackers, the record, Ray, ...). Nothing here knows any one
 task: the registry in runner/tasks/ does.
 """
 
@@ -20,23 +20,27 @@ from omegaconf import DictConfig, OmegaConf
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from rich.table import Table
 
-from runner import autos, job_hooks, machine, placement, preflight, tasks
-from runner.algorithm_config import build_algorithm_config, default_config_for
-from runner.callbacks import describe_stops
-from runner.check import Check
+from runner import machine, tasks
+from runner.algorithms.algorithm_config import build_algorithm_config, default_config_for
+from runner.algorithms.fast_step import describe as describe_training_step
+from runner.algorithms.reward_scaling import describe as describe_rewards
 from runner.compile.settings import CompileSpec
 from runner.console import console
 from runner.errors import ConfigError, PreflightError, RunEnded
-from runner.fast_step import describe as describe_training_step
-from runner.job import Job
-from runner.overrides import CUSTOM_ENV
-from runner.plan import Plan, make_plan
-from runner.ray_session import (
+from runner.job import Job, hooks
+from runner.job.callbacks import describe_stops
+from runner.job.check import Check
+from runner.job.resume import SEARCH_DIR, compose_for_resume
+from runner.job.task import Task, TaskRun
+from runner.machine import placement, preflight
+from runner.machine.plan import Plan, make_plan
+from runner.machine.ray_session import (
     cluster_address,
     import_py_modules_here,
     joined_by_environment,
     quiet_ray,
 )
+from runner.machine.shutdown import Interrupted, Watch, signal_name
 from runner.results import checkpoints, remote
 from runner.results.files import (
     CONFIG,
@@ -48,12 +52,10 @@ from runner.results.files import (
     write_json,
     write_overrides,
 )
-from runner.resume import SEARCH_DIR, compose_for_resume
-from runner.reward_scaling import describe as describe_rewards
-from runner.schema import BUDGETS, RunnerConfig, is_stop_default, setting, typed
-from runner.shutdown import Interrupted, Watch, signal_name
-from runner.tasks.base import Task, TaskRun
-from runner.validate import validate
+from runner.settings import autos
+from runner.settings.overrides import CUSTOM_ENV
+from runner.settings.schema import BUDGETS, RunnerConfig, is_stop_default, setting, typed
+from runner.settings.validate import validate
 
 log = logging.getLogger("runner")
 
@@ -232,14 +234,14 @@ def run(job: Job, start_time: float, attempt: Path | None = None) -> dict[str, A
     for line in start_lines(prepared, job.choices, job.cfg):
         console.print(line)
     task_run = make_task_run(prepared, job, start_time, checkpoint, history, startup)
-    hooks = job_hooks.for_job(prepared.task, job, plan.main_gpus, mirror)
-    job_hooks.run(hooks, task_run, lambda: supervised(prepared.task, task_run))
+    around = hooks.for_job(prepared.task, job, plan.main_gpus, mirror)
+    hooks.run(around, task_run, lambda: supervised(prepared.task, task_run))
     return {**totals, "summary": task_run.summary}
 
 
 def from_earlier_run(job: Job, checkpoint: Path | None) -> tuple[Job, Path | None]:
     """resume= or checkpoint=: the job composed again from the earlier run's overrides with
-    this one's on top (runner/resume.py), and the checkpoint it names."""
+    this one's on top (runner/job/resume.py), and the checkpoint it names."""
     source = tasks.get(job.choices["task"]).checkpoint_source(job.cfg)
     if not source:
         return job, checkpoint
@@ -266,7 +268,7 @@ def joined(
         return settings, None
     if message := joined_by_environment(settings.ray):
         console.print(message)
-    job_hooks.timed_ray_start(settings, startup)
+    hooks.timed_ray_start(settings, startup)
     return settings, machine.cluster_resources(address)
 
 
@@ -317,7 +319,7 @@ def show_dry_run(
 
 def supervised(task: Task, run: TaskRun) -> None:
     """Run the task under the watch a training gets. A task that trains has it from the
-    loop (runner/loop.py) or, a search, from Ray Tune; any other (evaluate, export, the
+    loop (runner/job/loop.py) or, a search, from Ray Tune; any other (evaluate, export, the
     inference bench, autotune) is watched here as one step: a signal lets it finish for
     shutdown.grace_seconds, then abandons it (a second aborts, the record written first);
     the watchdog ends it after watchdog.seconds (else watchdog.first_iteration_seconds)
@@ -334,7 +336,7 @@ def supervised(task: Task, run: TaskRun) -> None:
                 task.run(run)
         except KeyboardInterrupt:
             if watch.cause == "stalled":
-                from runner.ray_session import waiting_for
+                from runner.machine.ray_session import waiting_for
 
                 reason = (
                     f"stalled: task={task.name} did not finish within {watch.stall_seconds:g} s "

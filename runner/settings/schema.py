@@ -123,7 +123,7 @@ class CompileConfig:
 @dataclass
 class ScalingAutoConfig:
     """scaling=auto: the sampling layouts that compete, how long each samples, and where
-    the measurements are cached (runner/scaling_auto.py)."""
+    the measurements are cached (runner/machine/scaling_auto.py)."""
 
     enabled: bool = False
     # Each count that fits the CPU plan on the machine the run plans on competes.
@@ -147,10 +147,10 @@ class ScalingConfig:
 
     The EnvRunner keys feed `AlgorithmConfig.env_runners()`, the Learner keys `.learners()`
     (see algorithm_config.py). `num_learners` and `num_gpus_per_learner` null: the runner
-    picks for the machine it plans on (runner/placement.py: the scaling guide's layout for
+    picks for the machine it plans on (runner/machine/placement.py: the scaling guide's layout for
     IMPALA and APPO, else a local Learner with the hardware profile's GPUs).
     `num_cpus_per_learner: null` keeps RLlib's own default, auto (1 CPU per CPU Learner,
-    0 per GPU one), except for a compiling remote GPU Learner (runner/placement.py).
+    0 per GPU one), except for a compiling remote GPU Learner (runner/machine/placement.py).
     """
 
     num_env_runners: int = MISSING
@@ -167,7 +167,7 @@ class ScalingConfig:
 
 @dataclass
 class FastStepConfig:
-    """DQN's and SAC's training step (runner/fast_step.py): a flat replay buffer and
+    """DQN's and SAC's training step (runner/algorithms/fast_step.py): a flat replay buffer and
     several gradient updates per Learner call, at the configured replay ratio; for PPO,
     RLlib's step with the same cheap Learner updates (fused Adam, one finiteness check,
     fused clipping). A config it cannot run takes RLlib's own, and the run's first lines
@@ -182,7 +182,7 @@ class FastStepConfig:
 @dataclass
 class RewardScalingConfig:
     """PPO's rewards scaled as Stable-Baselines3's VecNormalize scales them
-    (runner/reward_scaling.py): divided by the running standard deviation of each env's
+    (runner/algorithms/reward_scaling.py): divided by the running standard deviation of each env's
     discounted return and clipped, for the Learner only; the statistics are checkpointed."""
 
     enabled: bool = False
@@ -206,7 +206,7 @@ class AlgoConfig:
     framework: dict[str, Any] = field(default_factory=dict)
     # RLlib's EnvRunner sleeps this long after an error before its process exits and Ray
     # restarts it (RLlib's default: 60 s); a deterministic error then fails the run in
-    # seconds (runner/callbacks.py's EnvRunnerFaults).
+    # seconds (runner/job/callbacks.py's EnvRunnerFaults).
     fault_tolerance: dict[str, Any] = field(
         default_factory=lambda: {"delay_between_env_runner_restarts_s": 1.0}
     )
@@ -443,7 +443,7 @@ class GuardConfig:
     loss, a gradient norm or the episode return stops the run (keeping the last finite
     checkpoint), warns, or is ignored. `unsampled_iterations`: this many iterations in a
     row in which the EnvRunners sampled nothing since one failed end the run with the
-    failure's cause (runner/callbacks.py's EnvRunnerFaults)."""
+    failure's cause (runner/job/callbacks.py's EnvRunnerFaults)."""
 
     non_finite: NonFinite = NonFinite.stop
     unsampled_iterations: int = 3
@@ -466,7 +466,7 @@ class WatchdogConfig:
 
 @dataclass
 class Distribution:
-    """One searched key's distribution: exactly one field set (runner/search.py turns it
+    """One searched key's distribution: exactly one field set (runner/settings/search.py turns it
     into Ray Tune's). A misspelled distribution fails at composition."""
 
     uniform: list[float] | None = None  # [low, high]
@@ -586,7 +586,7 @@ class RunnerConfig:
     shutdown: ShutdownConfig = field(default_factory=ShutdownConfig)
     guard: GuardConfig = field(default_factory=GuardConfig)
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
-    # The user's own run callbacks (runner/callbacks.py), each a `_target_` mapping.
+    # The user's own run callbacks (runner/job/callbacks.py), each a `_target_` mapping.
     callbacks: list[dict[str, Any]] = field(default_factory=list)
     # Set only by the reproduction files in conf/experiment/.
     reproduction: ReproductionConfig | None = None

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from runner.errors import RunnerError
-from runner.schema import CheckConfig, CheckOn
+from runner.settings.schema import CheckConfig, CheckOn
 
 
 class CheckFailed(RunnerError):

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TypedDict
 
-from runner.schema import RayConfig
+from runner.settings.schema import RayConfig
 
 
 @dataclass

@@ -13,12 +13,12 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from runner import overrides as ov
 from runner.errors import ConfigError
 from runner.job import Composer
 from runner.results import checkpoints, remote
 from runner.results.checkpoints import CHECKPOINT_FILE, MANIFEST
 from runner.results.files import OVERRIDES, read_overrides
+from runner.settings import overrides as ov
 
 # A task=tune run dir's Ray Tune experiment (tuner.pkl marks it whole enough to restore).
 SEARCH_DIR = "tune"

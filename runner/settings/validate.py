@@ -7,18 +7,19 @@ before torch, Ray and RLlib are imported, so bad input is one line in about a se
 then the compile settings (what is valid, and where each compiled part may run: the
 PLACEMENT table in runner/compile/settings.py) and the task's own rules. What needs the
 AlgorithmConfig (RLlib's own checks, the user's code) is checked as it is built
-(runner/algorithm_config.py), and what needs the machine by the preflight
-(runner/preflight.py).
+(runner/algorithms/algorithm_config.py), and what needs the machine by the preflight
+(runner/machine/preflight.py).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from runner import autos
 from runner.errors import ConfigError
+from runner.job.task import Task
 from runner.results import remote
-from runner.schema import (
+from runner.settings import autos
+from runner.settings.schema import (
     SPELLINGS,
     AlgoConfig,
     CheckOn,
@@ -30,7 +31,6 @@ from runner.schema import (
     ScalingConfig,
     setting,
 )
-from runner.tasks.base import Task
 
 if TYPE_CHECKING:
     from runner.compile.settings import CompileSpec
@@ -144,12 +144,12 @@ def check_eval(settings: RunnerConfig) -> None:
 
 
 def check_callbacks(nodes: list[dict]) -> None:
-    """Each of the user's callbacks names a runner.callbacks.Callback and keywords it takes
+    """Each of the user's callbacks names a runner.job.callbacks.Callback and keywords it takes
     (RLlib, which checking one imports, only where there is one)."""
     if not nodes:
         return
-    from runner.callbacks import Callback
-    from runner.user_code import TARGET, check_arguments, locate
+    from runner.job.callbacks import Callback
+    from runner.settings.user_code import TARGET, check_arguments, locate
 
     for n, node in enumerate(nodes):
         where = f"callbacks[{n}]"
@@ -161,7 +161,7 @@ def check_callbacks(nodes: list[dict]) -> None:
         target = locate(str(node[TARGET]), f"{where}.{TARGET}")
         if not (isinstance(target, type) and issubclass(target, Callback)):
             raise ConfigError(
-                f"{where}: {node[TARGET]} is not a subclass of runner.callbacks.Callback: "
+                f"{where}: {node[TARGET]} is not a subclass of runner.job.callbacks.Callback: "
                 "subclass it and define the hooks you need (docs/bring_your_own.md)"
             )
         check_arguments(target, {k: v for k, v in node.items() if k != TARGET}, where)
@@ -223,7 +223,8 @@ def check_settings(settings: RunnerConfig) -> None:
 
 
 def check_reward_scaling(scaling: RewardScalingConfig) -> None:
-    """Its numbers in range (whether the algorithm can have it: runner/reward_scaling.py)."""
+    """Its numbers in range (whether the algorithm can have it:
+    runner/algorithms/reward_scaling.py)."""
     if scaling.gamma is not None and not 0 < scaling.gamma <= 1:
         raise ConfigError(
             f"algo.reward_scaling.gamma={scaling.gamma}: give a discount in (0, 1], or null "

@@ -14,7 +14,7 @@ EnvContext; a MultiAgentEnv makes the run multi-agent), a PettingZoo env functio
 wrappers), and Atari ids wrapped as RLlib wraps Atari for the new API stack. Then
 `env.wrappers` in order, `env.framestack` (beyond Atari's own), and integer observations
 as floats (`float_observations`), on every single-agent env; action masks as RLlib's
-masking RLModule takes them (runner/masking.py), on any env.
+masking RLModule takes them (runner/envs/masking.py), on any env.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from ray.rllib.env.env_context import EnvContext
 from ray.rllib.env.multi_agent_env import MultiAgentEnv
 
 from runner.errors import ConfigError, did_you_mean
-from runner.schema import EnvConfig, setting
-from runner.user_code import TARGET, check_arguments, import_module, locate, materialize
+from runner.settings.schema import EnvConfig, setting
+from runner.settings.user_code import TARGET, check_arguments, import_module, locate, materialize
 
 # env_config's reserved key: the env's settings, as a plain dict (pickled to each actor).
 SETTINGS_KEY = "_runner_env"
@@ -176,7 +176,7 @@ def _wrapped(env: Any, own: dict[str, Any]) -> Any:
     """`env.wrappers` in order, then `env.framestack` (Atari's wrapper stacks its own),
     then action masks as the masking module takes them (unless env.action_mask=false),
     then integer observations as floats."""
-    from runner.masking import env_is_masked, with_masks
+    from runner.envs.masking import env_is_masked, with_masks
 
     stack = None if own["atari"] else own["framestack"]
     if own.get("wrappers") or stack:
@@ -231,7 +231,7 @@ class RunnerEnv:
     this class."""
 
     def __new__(cls, env_context: dict[str, Any]) -> Any:
-        from runner.env_runner_errors import report_from_here
+        from runner.machine.env_runner_errors import report_from_here
 
         report_from_here()  # in an EnvRunner's process: its errors reach the driver
         context = env_context if isinstance(env_context, EnvContext) else EnvContext(env_context, 0)
@@ -249,7 +249,7 @@ def _own(env: EnvConfig) -> dict[str, Any]:
 def environment_kwargs(env: EnvConfig) -> dict[str, Any]:
     """Keyword arguments for AlgorithmConfig.environment(): the factory, the user's
     env_config with the env's settings beside it, and `env.environment`'s extras (the
-    spelling checked by runner/validate.py)."""
+    spelling checked by runner/settings/validate.py)."""
     own = _own(env)
     if env.id and not wraps_atari(env):
         check_env_id(env.id)

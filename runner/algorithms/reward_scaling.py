@@ -10,7 +10,7 @@ the EnvRunners' episode returns, the metrics and the evaluation stay the env's o
 episodes as the EnvRunners sent them (an episode's chunks arrive in order, each carrying
 its episode's id, so its running return continues across train batches).
 `RewardScaling` puts the piece in front of a PPO Learner's pipeline (RLlib's, or the fast
-step's in runner/fast_step.py) and its statistics in the Learner's state, so they are in
+step's in runner/algorithms/fast_step.py) and its statistics in the Learner's state, so they are in
 every checkpoint and restored with it (RLlib does not keep a Learner connector's state).
 
 One difference from VecNormalize: it updates the statistics at every env step and scales
@@ -30,9 +30,9 @@ from ray.rllib.algorithms.ppo.ppo import PPO
 from ray.rllib.algorithms.ppo.torch.ppo_torch_learner import PPOTorchLearner
 from ray.rllib.connectors.connector_v2 import ConnectorV2
 
+from runner.algorithms.fast_step import FastPPOLearner, learner_refusal, rllib_algorithm
 from runner.errors import ConfigError
-from runner.fast_step import FastPPOLearner, learner_refusal, rllib_algorithm
-from runner.schema import RewardScalingConfig
+from runner.settings.schema import RewardScalingConfig
 
 STATE_KEY = "runner_reward_scaling"
 # Learner config keys carrying the settings to the Learners (RLlib's dict for them).
@@ -131,7 +131,7 @@ class RewardScalingPPOLearner(RewardScaling, PPOTorchLearner):
 
 
 class RewardScalingFastPPOLearner(RewardScaling, FastPPOLearner):
-    """The fast step's PPO Learner (runner/fast_step.py) with reward scaling."""
+    """The fast step's PPO Learner (runner/algorithms/fast_step.py) with reward scaling."""
 
 
 # The Learner each of the classes the runner gives PPO becomes with reward scaling.

@@ -15,14 +15,14 @@ import torch
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.env.multi_agent_env import MultiAgentEnv
 
-from runner.check import Check
 from runner.compile.settings import CompileSpec, missing_packages
 from runner.envs import agent_ids, make_env, setting
 from runner.errors import ConfigError, did_you_mean
+from runner.job.check import Check
 from runner.machine import Resources, capability_tuple, has_kernels, is_gpu_of
-from runner.plan import AGGREGATOR, ASYNC_ENVS, Plan
-from runner.schema import Accelerator, RunnerConfig
-from runner.short_stack import on_short_stack
+from runner.machine.plan import AGGREGATOR, ASYNC_ENVS, Plan
+from runner.machine.short_stack import on_short_stack
+from runner.settings.schema import Accelerator, RunnerConfig
 
 # Async env processes per CPU past which stepping them is slower than sync vectorization.
 ASYNC_ENVS_PER_CPU = 2
@@ -302,7 +302,7 @@ def _build_module(
 ) -> Any:
     """The RLModule (a MultiRLModule for a multi-agent env), built once for this env, so a
     custom module's constructor error is one line before any actor starts."""
-    from runner.algorithm_config import build_module
+    from runner.algorithms.algorithm_config import build_module
 
     try:
         return build_module(config, env, inference_only, spaces)

@@ -18,13 +18,13 @@ from runner.errors import ConfigError
 from runner.job import Composer
 from runner.results import record
 from runner.results.tracking import Trackers
-from runner.schema import ReadsCheckpoint, RunnerConfig, TaskSettings
+from runner.settings.schema import ReadsCheckpoint, RunnerConfig, TaskSettings
 
 if TYPE_CHECKING:  # light at import: a typo at composition needs none of these
     from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 
     from runner.compile.settings import CompileSpec
-    from runner.plan import Plan
+    from runner.machine.plan import Plan
     from runner.results.remote import Mirror
 
 
@@ -56,9 +56,9 @@ class TaskRun:
     # The task's part of the run record (summary.json, runner/results/record.py): the job
     # writes it, with what every record holds, however the task ends.
     record: dict[str, Any] = field(default_factory=dict)
-    # The entry point's composition (runner/job.py), for a task that needs another config.
+    # The entry point's composition (runner/job/__init__.py), for a task that needs another config.
     compose: Composer | None = None
-    # summary.json as the job wrote it when the task ended (runner/job_hooks.py's Record).
+    # summary.json as the job wrote it when the task ended (runner/job/hooks.py's Record).
     summary: dict[str, Any] | None = None
 
     def aborted(self, signum: int, known: dict[str, Any]) -> None:

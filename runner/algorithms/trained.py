@@ -20,8 +20,8 @@ from ray.rllib.core.rl_module.rl_module import RLModule
 
 from runner.envs import make_env, setting
 from runner.errors import ConfigError
-from runner.schema import EnvConfig
-from runner.short_stack import on_short_stack
+from runner.machine.short_stack import on_short_stack
+from runner.settings.schema import EnvConfig
 
 # Where RLlib's Algorithm checkpoint keeps the Learner's modules (one dir per module id).
 MODULES = Path("learner_group", "learner", "rl_module")

@@ -1,5 +1,5 @@
 """What a job does around its task, one concern each: the job's counterpart of the
-training callbacks (runner/callbacks.py). `app.run` makes the list (`for_job`), calls each
+training callbacks (runner/job/callbacks.py). `app.run` makes the list (`for_job`), calls each
 hook's `start` in order before the task, and the `end` of each that started in reverse
 order however the task ended. A new concern is a new class here and a line in `for_job`.
 """
@@ -15,11 +15,11 @@ from typing import Any
 from runner.console import console
 from runner.errors import RunnerError, one_line
 from runner.job import Job
-from runner.ray_session import release_driver_gpus, reserve_driver_gpus, start_ray
+from runner.job.task import Task, TaskRun
+from runner.machine.ray_session import release_driver_gpus, reserve_driver_gpus, start_ray
+from runner.machine.shutdown import interrupted
 from runner.results import record, remote, tracking
-from runner.schema import RunnerConfig
-from runner.shutdown import interrupted
-from runner.tasks.base import Task, TaskRun
+from runner.settings.schema import RunnerConfig
 
 log = logging.getLogger("runner")
 
@@ -107,7 +107,7 @@ class RaySession(JobHook):
 
 
 class DriverGpus(JobHook):
-    """A local Learner's GPUs, reserved through Ray for this job (runner/ray_session.py),
+    """A local Learner's GPUs, reserved through Ray for this job (runner/machine/ray_session.py),
     and RLlib's `local_gpu_idx` pointed at the one Ray gave."""
 
     def __init__(self, gpus: float) -> None:

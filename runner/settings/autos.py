@@ -1,10 +1,10 @@
 """compile=auto and scaling=auto made concrete, once: the step after validate.
 
-`resolve` measures (or reads from its cache, runner/measure_cache.py) what each auto
+`resolve` measures (or reads from its cache, runner/machine/measure_cache.py) what each auto
 decides and returns settings and a compile spec with no auto left in them, so the
 AlgorithmConfig, the plan, the preflight and the task only ever see concrete settings. The
 two never combine: each measures with the other's choice fixed. Their rules are here too
-(`check_settings`, `check`), called by runner/validate.py.
+(`check_settings`, `check`), called by runner/settings/validate.py.
 """
 
 from __future__ import annotations
@@ -13,18 +13,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from runner import scaling_auto
 from runner.console import console
 from runner.errors import ConfigError, PreflightError
-from runner.machine import Resources
-from runner.schema import AUTO, RunnerConfig
+from runner.machine import Resources, scaling_auto
+from runner.settings.schema import AUTO, RunnerConfig
 
 if TYPE_CHECKING:
     from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 
     from runner.compile.settings import CompileSpec
-    from runner.plan import Plan
-    from runner.tasks.base import Task
+    from runner.job.task import Task
+    from runner.machine.plan import Plan
 
 
 @dataclass(frozen=True)
@@ -47,7 +46,7 @@ def measures_before_ray(settings: RunnerConfig) -> bool:
 
 
 def check_settings(settings: RunnerConfig) -> None:
-    """The autos' rules on the settings alone (runner/validate.py's `check_settings`)."""
+    """The autos' rules on the settings alone (runner/settings/validate.py's `check_settings`)."""
     if not settings.scaling.auto.enabled:
         return
     scaling_auto.check(settings)
@@ -84,7 +83,7 @@ def resolve(
 ) -> Resolved:
     """The settings (scaling=auto: the layout chosen) and spec (compile=auto: each
     component kind's preset, or eager) the run uses; `spec` as validate made it otherwise.
-    `planner` plans a layout as the job would (runner/app.py's `planned`)."""
+    `planner` plans a layout as the job would (runner/job/app.py's `planned`)."""
     if settings.scaling.auto.enabled:
         chosen, section = scaling_auto.choose(settings, resources, planner)
         console.print(scaling_auto.describe(section))
@@ -95,7 +94,7 @@ def resolve(
 
 
 def _compile_auto(settings: RunnerConfig, resources: Resources) -> Resolved:
-    from runner.algorithm_config import build_algorithm_config
+    from runner.algorithms.algorithm_config import build_algorithm_config
     from runner.compile import auto  # torch._dynamo: only for compile=auto
 
     refuse_unseen_gpus(settings, resources)
@@ -109,7 +108,7 @@ def refuse_unseen_gpus(settings: RunnerConfig, res: Resources) -> None:
     on: a GPU component needs a GPU this process sees."""
     from runner.compile import auto  # torch._dynamo: only for compile=auto
     from runner.compile.settings import module_device
-    from runner.preflight import cpu_build
+    from runner.machine.preflight import cpu_build
 
     if res.driver_gpus:
         return
