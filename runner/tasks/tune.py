@@ -27,7 +27,7 @@ from omegaconf import OmegaConf
 
 from runner.console import console
 from runner.errors import ConfigError, RunnerError
-from runner.job.callbacks import Callback, Iteration
+from runner.job.callbacks import Callback, Decision, Iteration
 from runner.job.task import Task, TaskRun, own_settings
 from runner.machine.shutdown import HANDLED, Interrupted, in_main_thread, install_default
 from runner.results.files import CONFIG
@@ -181,31 +181,45 @@ def check_verdict(training: Any, reason: str) -> str:
 
 class TuneReporter(Callback):
     """Each iteration to Tune: the run's objective (Training.objective), the budget's
-    clock, the stop reason and the check's verdict; a checkpoint when the loop saved one,
-    or when the trial ends cleanly (so a resumed search has it whole). Last among the
-    run's callbacks, so this iteration's stop reason is known."""
+    clock, the stop reason and the check's verdict, with the checkpoint the loop saved
+    in that iteration. A trial that ends cleanly without one asks the loop for it (a
+    resumed search then has it whole) and reports once it is saved. Last among the run's
+    callbacks, so this iteration's stop reason is known."""
 
-    def on_iteration(self, training: Training, it: Iteration) -> str | None:
-        from ray import tune
+    def __init__(self) -> None:
+        self.pending: dict[str, Any] | None = None  # a report waiting for its checkpoint
 
-        row, reason = it.row, training.progress.reason
-        if reason and training.progress.status == "finished" and training.saved is None:
-            training.save_checkpoint()
+    def on_iteration(self, training: Training, it: Iteration) -> Decision | None:
+        reason = training.progress.reason
         report = {
-            "episode_return_mean": row["last_episode_return_mean"],
-            "env_steps": row["env_steps"] or 0,
-            "return_age": row["return_age"],
-            "env_steps_per_s": row["env_steps_per_s"],
+            "episode_return_mean": it.row["last_episode_return_mean"],
+            "env_steps": it.row["env_steps"] or 0,
+            "return_age": it.row["return_age"],
+            "env_steps_per_s": it.row["env_steps_per_s"],
             "stop_reason": reason,
             "check": check_verdict(training, reason),
         }
         if training.objective is not None:  # ASHA skips a result without it
             report[METRIC] = training.objective
-        if training.saved is not None:
-            tune.report(report, checkpoint=tune.Checkpoint.from_directory(str(training.saved)))
-        else:
-            tune.report(report)
+        if training.saved is None and reason and training.progress.status == "finished":
+            self.pending = report
+            return Decision(checkpoint=True)
+        _report(report, training.saved)
         return None
+
+    def on_checkpoint(self, training: Training, path: Path) -> None:
+        if self.pending is not None:  # the checkpoint this iteration's report waited for
+            report, self.pending = self.pending, None
+            _report(report, path)
+
+
+def _report(report: dict[str, Any], checkpoint: Path | None) -> None:
+    from ray import tune
+
+    if checkpoint is None:
+        tune.report(report)
+    else:
+        tune.report(report, checkpoint=tune.Checkpoint.from_directory(str(checkpoint)))
 
 
 def _searcher(run: TaskRun, preset: dict[str, Any] | None) -> Any:
