@@ -4,6 +4,7 @@ one way, the Python API, and run dirs no two runs share."""
 from __future__ import annotations
 
 import ast
+import re
 import json
 from pathlib import Path
 
@@ -28,6 +29,7 @@ LAYERS = [
         "errors",
         "settings",
         "algorithms",
+        "results",
         "settings.schema",
         "job",
         "console",
@@ -81,7 +83,6 @@ LAYERS = [
         "algorithms.trained",
         "envs.video",
         "job.task",
-        "results",
     },
     # the one loop and what watches it, the one settings check, the ONNX export
     {"job.loop", "job.callbacks", "settings.validate", "settings.autos", "algorithms.onnx_export"},
@@ -146,6 +147,25 @@ def test_imports_never_run_back_up_a_layer():
         if layer[target] > layer[name]
     ]
     assert upward == []
+
+
+def test_the_architecture_page_draws_these_layers():
+    """docs/architecture.md's layers table names each layer's modules, as LAYERS does."""
+    modules = set(_modules())
+    page = (RUNNER.parent / "docs" / "architecture.md").read_text()
+    rows = [line for line in page.splitlines() if re.match(r"\| \d ", line)]
+    assert len(rows) == len(LAYERS)
+    for row, layer in zip(rows, LAYERS, strict=True):
+        named = set()
+        for token in re.findall(r"`([^`]+)`", row.split("|")[2]):
+            name = token.removesuffix(".py").replace("/", ".").removesuffix(".__init__")
+            if name.endswith(".*"):
+                named |= {m for m in modules if m.startswith(name[:-1]) or m == name[:-2]}
+            elif name in modules:
+                named.add(name)
+        if "one module per task" in row:
+            named |= {m for m in modules if m.startswith("tasks.")}
+        assert named == layer, row
 
 
 def test_no_import_circle():

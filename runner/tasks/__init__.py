@@ -1,4 +1,5 @@
-"""The task registry: every module in this package but `base` defines one `TASK`.
+"""The task registry: every module in this package defines one `TASK` (the
+`Task` interface: runner/job/task.py).
 
 Adding a task is a module here and a YAML file in conf/task/; `task.name` picks it.
 """
@@ -15,9 +16,8 @@ from runner.job.task import Task
 def _discover() -> dict[str, Task]:
     found: dict[str, Task] = {}
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        if info.name != "base":
-            task: Task = importlib.import_module(f"{__name__}.{info.name}").TASK
-            found[task.name] = task
+        task: Task = importlib.import_module(f"{__name__}.{info.name}").TASK
+        found[task.name] = task
     return found
 
 
