@@ -4,8 +4,8 @@ one way, the Python API, and run dirs no two runs share."""
 from __future__ import annotations
 
 import ast
-import re
 import json
+import re
 from pathlib import Path
 
 import pytest
