@@ -36,7 +36,7 @@ def train(work: Path, workload: str, setting: str, iterations: int, tag: str) ->
 
 def chosen(summary: dict) -> str:
     """What compile=auto chose, per component kind."""
-    auto = summary["compile"]["auto"] or {}
+    auto = summary.get("compile_auto") or {}
     return ", ".join(
         f"{kind.replace('_', ' ')}: {auto[kind]['choice']}"
         for kind in ("env_runners", "learners")

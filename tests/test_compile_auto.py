@@ -66,7 +66,7 @@ def test_autotune_then_compile_auto_reuses_its_measurement_then_refreshes(tmp_pa
         tmp_path, *common, "compile=auto", "stop.iterations=1", run_dir="cached", env=env
     )
     assert cached.returncode == 0, cached.stderr
-    auto = cached.json("summary.json")["compile"]["auto"]
+    auto = cached.json("summary.json")["compile_auto"]
     for kind in ("env_runners", "learners"):
         assert auto[kind]["source"] == "cache"
         assert figures(auto[kind]) == figures(section[kind])  # the autotune's own timings
@@ -83,7 +83,7 @@ def test_autotune_then_compile_auto_reuses_its_measurement_then_refreshes(tmp_pa
         env=env,
     )
     assert refreshed.returncode == 0, refreshed.stderr
-    auto = refreshed.json("summary.json")["compile"]["auto"]
+    auto = refreshed.json("summary.json")["compile_auto"]
     assert {auto[k]["source"] for k in ("env_runners", "learners")} == {"measured"}
     assert figures(auto["env_runners"]) != figures(section["env_runners"])  # timed anew
     chosen = auto["env_runners"]["choice"]

@@ -249,12 +249,24 @@ def test_python_api_composes_typed_settings_and_refuses_a_typo():
 @pytest.mark.slow
 @pytest.mark.usefixtures("joins_shared_ray")
 def test_python_api_runs_a_job_and_returns_its_summary(tmp_path: Path, monkeypatch):
+    """runner.run returns the record as the job wrote it: summary.json is never read back
+    while it runs (a read of it fails the run), and the file holds the same record."""
     monkeypatch.chdir(tmp_path)
+    read_text, path_open, running = Path.read_text, Path.open, [True]
+
+    def allowed(path: Path) -> Path:
+        assert not (running[0] and path.name == "summary.json"), f"runner.run read {path}"
+        return path
+
+    monkeypatch.setattr(Path, "read_text", lambda p, *a, **k: read_text(allowed(p), *a, **k))
+    monkeypatch.setattr(Path, "open", lambda p, *a, **k: path_open(allowed(p), *a, **k))
     summary = runner.run(["debug=tiny", "checkpoint.at_end=false"])
+    running[0] = False
     run_dir = Path(summary["run_dir"])
     assert summary["status"] == "finished" and summary["iterations"] == 1
     assert run_dir.parent.parent == Path("outputs/runs")
-    assert json.loads((run_dir / "summary.json").read_text())["iterations"] == 1
+    written = json.loads((run_dir / "summary.json").read_text())
+    assert {**written, "run_dir": str(run_dir)} == summary  # and where it is
     with pytest.raises(ConfigError, match="scaling.num_env_runners must be >= 0"):
         runner.run(["scaling.num_env_runners=-1"])
 

@@ -126,10 +126,10 @@ def collect(algorithm: Any, verify: bool) -> list[dict[str, Any]]:
 
 
 def summarize(
-    spec: CompileSpec | None, reports: list[dict[str, Any]], auto: dict[str, Any] | None = None
+    spec: CompileSpec | None, reports: list[dict[str, Any]], chosen: bool = False
 ) -> tuple[dict, str]:
     """summary.json's compile section and the one line the progress output prints;
-    `auto`: compile=auto's figures and choices, which made `spec`."""
+    `chosen`: compile=auto made `spec` (its figures: the record's compile_auto)."""
     used = [r for r in reports if r["calls"] > 0]
     took = [r for r in used if r["took_effect"]]
     seconds = [r["compile_seconds"] for r in took if r["compile_seconds"] is not None]
@@ -142,12 +142,11 @@ def summarize(
         "process_frames": {str(r["pid"]): r["process_frames"] for r in reports},
         "max_abs_diff": max_diff(reports),
         "components": reports,
-        "auto": auto,
     }
-    chosen = "compile=auto chose " if auto else "compile "
+    prefix = "compile=auto chose " if chosen else "compile "
     if spec is None:
         frames = sum(section["process_frames"].values())
-        off = f"{chosen}eager everywhere" if auto else "compile off"
+        off = f"{prefix}eager everywhere" if chosen else "compile off"
         return section, f"{off}: {frames} dynamo frames in {len(reports)} component(s)"
 
     def count(kind: str) -> str:
@@ -155,7 +154,7 @@ def summarize(
         return f"{n_took}/{sum(r['component'].startswith(kind) for r in used)}"
 
     line = (
-        f"{chosen}{spec.preset}: took effect on "
+        f"{prefix}{spec.preset}: took effect on "
         f"{count('env_runner')} EnvRunner(s) and {count('learner')} Learner(s) that ran; "
         f"{section['frames']} frames, {sum(r['recompiles'] for r in reports)} recompiles, "
         f"{sum(seconds):.1f} s in first calls"

@@ -361,9 +361,6 @@ def make_task_run(
 ) -> TaskRun:
     """The task's input, before the job's hooks fill in theirs."""
     settings = prepared.settings
-    record: dict[str, Any] = {"startup": startup}
-    if "scaling_auto" in prepared.autos:  # the record's section on the layout chosen
-        record["scaling_auto"] = prepared.autos["scaling_auto"]
     return TaskRun(
         settings=settings,
         config=prepared.config,
@@ -375,6 +372,5 @@ def make_task_run(
         history=history,
         choices=job.choices,
         compose=job.compose,
-        auto=prepared.autos.get("compile_auto"),
-        record=record,
+        record={"startup": startup, **prepared.autos},  # what each auto chose
     )

@@ -39,8 +39,6 @@ class TaskRun:
     provenance: dict[str, Any]
     start_time: float
     checkpoint: Path | None = None
-    # compile=auto's figures and choices per component kind (spec is what it chose).
-    auto: dict[str, Any] | None = None
     # metrics.jsonl lines to start from: an interrupted sweep job's, up to its checkpoint.
     history: list[str] = field(default_factory=list)
     # logger=: where each iteration's figures go besides the run dir.

@@ -140,17 +140,6 @@ def write_json(path: Path, data: Any) -> None:
     write_atomic(path, json.dumps(json_safe(data), indent=2, sort_keys=True) + "\n")
 
 
-def read_cached(path: Path, key: dict[str, Any]) -> dict[str, Any] | None:
-    """A measurement cache's entry (compile=auto's, scaling=auto's) written under `key`,
-    or None: no file, another key, or a file that is not whole JSON (a disk that filled,
-    an edit by hand), which the caller measures again and rewrites."""
-    try:
-        cached = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return cached if isinstance(cached, dict) and cached.get("key") == key else None
-
-
 def write_csv(path: Path, rows: list[dict[str, Any]], columns: Any = None) -> None:
     """`rows` as CSV: `columns` (default: the first row's keys); other keys are left out."""
     with path.open("w", newline="") as f:

@@ -57,7 +57,9 @@ def run(run: TaskRun) -> None:
     figures = loop.train(run)
     progress: Progress = figures.pop("progress")
     reports = figures.pop("compile_reports")
-    compile_section, compile_line = compile_report.summarize(run.spec, reports, run.auto)
+    compile_section, compile_line = compile_report.summarize(
+        run.spec, reports, chosen="compile_auto" in run.record
+    )
     if figures["iterations"] is not None:
         console.print(compile_line)
     summary = {
