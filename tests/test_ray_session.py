@@ -158,7 +158,7 @@ def test_a_local_gpu_learner_reserves_its_gpu_through_ray(environ, monkeypatch, 
     around = hooks.for_job(job.task, Job(cfg, tmp_path, []), job.plan.main_gpus, None)
     assert isinstance(around[-1], hooks.DriverGpus)
     run = app.make_task_run(job, Job(cfg, tmp_path, []), time.perf_counter(), None, [], {})
-    for hook in hooks:  # the job's, up to the task: Ray, then the local Learner's GPU
+    for hook in around:  # the job's, up to the task: Ray, then the local Learner's GPU
         hook.start(run)
     total = ray.cluster_resources()
     assert total["GPU"] == 2 and total[f"accelerator_type:{accelerator_type('h200')}"] == 1
