@@ -48,6 +48,7 @@ LAYERS = [
         "settings.search",
         "results.files",
         "results.plots",
+        "results.stats",
         "algorithms.flat_replay",
     },
     # results and faults
