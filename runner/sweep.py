@@ -25,6 +25,8 @@ from runner.results.files import BENCH, OVERRIDES, REFUSED, SUMMARY, read_overri
 from runner.results.jobs import JOB_FILE, read_job
 from runner.settings import overrides as ov
 
+COMPARE = "compare"  # the comparison page's dir in a sweep dir (runner/compare.py)
+
 COLUMNS = (
     "job",
     "overrides",
@@ -151,6 +153,11 @@ def summarize(sweep_dir: Path) -> list[dict[str, Any]]:
         groups = seeds.group(rows, sweep_dir, _configuration_label)
         write_csv(sweep_dir / "seeds.csv", groups, seeds.COLUMNS)
         text += "\n## Over seeds\n\n" + seeds_markdown(groups)
+    from runner import compare  # numpy and scipy: not at the CLI's start
+
+    if compare.find([sweep_dir]):  # training runs: the comparison page, linked
+        compare.build([sweep_dir], sweep_dir / COMPARE, [], f"python -m runner.compare {sweep_dir}")
+        text += f"\nComparison over seeds and envs: [{COMPARE}/compare.md]({COMPARE}/compare.md)\n"
     (sweep_dir / "summary.md").write_text(text)
     plot(sweep_dir, rows)
     return rows

@@ -285,6 +285,16 @@ WAYS: dict[str, Way] = {
         expect="dry run: 4 jobs, 0 invalid"
     ),
     "python -m runner.sweep outputs/my_sweep": Way(expect="2 jobs, 0 failed."),
+    "python -m runner.compare outputs/my_sweep": Way(
+        expect="comparison: outputs/my_sweep/compare/compare.md"
+    ),
+    # docs/compare.md: the sweep with 2 tiny jobs (the last seed= wins), then its comparison
+    "python -m runner -m algo=ppo,appo seed=0,1,2 stop.iterations=5": Way(
+        (*TINY, "seed=0"), expect="sweep: 2 jobs, 0 failed"
+    ),
+    "python -m runner.compare outputs/multirun/": Way(
+        expect="comparison: outputs/multirun/compare"
+    ),
     # docs/cluster.md (the block starts a real one-node cluster and stops it)
     "ray start --head --num-cpus=8": Way(
         ("--disable-usage-stats",), expect="Ray runtime started", own_ray=True

@@ -101,7 +101,7 @@ LAYERS = [
     # one job, config -> plan -> preflight -> task
     {"job.app", "job.hooks"},
     # entry points and tools over results
-    {"api", "__main__", "sweep", "report", "docs", "published"},
+    {"api", "__main__", "sweep", "compare", "report", "docs", "published"},
 ]
 
 

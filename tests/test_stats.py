@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import scipy.stats
 
 from runner.results import stats
 
@@ -74,3 +75,17 @@ def test_the_bootstrap_resamples_runs_within_each_task():
     assert sample.shape == LX.shape
     for task in range(LX.shape[1]):
         assert set(sample[:, task]) <= set(LX[:, task])  # never another task's runs
+
+
+def test_probability_of_improvement_is_the_mann_whitney_statistic():
+    """rliable computes it with scipy's Mann-Whitney U, per task: the same on random data
+    with ties, runs of unequal counts."""
+    rng = np.random.default_rng(1)
+    x, y = rng.integers(0, 5, size=(7, 3)), rng.integers(0, 5, size=(4, 3))
+    by_scipy = np.mean(
+        [
+            scipy.stats.mannwhitneyu(x[:, t], y[:, t], alternative="greater").statistic / (7 * 4)
+            for t in range(3)
+        ]
+    )
+    assert stats.probability_of_improvement(x, y) == pytest.approx(by_scipy)

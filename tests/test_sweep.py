@@ -36,6 +36,34 @@ def finished_sweep(tmp_path_factory) -> tuple[Path, CliResult]:
 
 
 @pytest.mark.slow
+def test_the_sweep_summary_links_its_comparison(finished_sweep):
+    """A real sweep's runs through runner/compare.py: the page, curves on both axes, the
+    aggregates on returns normalized by CartPole's solved_return and a random policy's
+    return (measured), the performance profile and the probability of improvement; its
+    CSV; linked from summary.md."""
+    cwd, proc = finished_sweep
+    assert proc.returncode == 0, proc.stderr
+    assert "[compare/compare.md](compare/compare.md)" in (cwd / "sweep" / "summary.md").read_text()
+    out = cwd / "sweep" / "compare"
+    page = (out / "compare.md").read_text()
+    assert "4 runs, 4 configurations, 1 envs" in page and "(1 seeds)" in page
+    assert "env.solved_return (conf/env/cartpole.yaml)" in page
+    for png in ("curves_0_env_steps.png", "curves_0_wall_seconds.png", "profile.png"):
+        assert (out / png).is_file(), png
+    rows = list(csv.DictReader((out / "compare.csv").open()))
+    configurations = {
+        f"compile={c} scaling.num_envs_per_env_runner={n}"
+        for c in ("none", "eager")
+        for n in (1, 2)
+    }
+    assert {r["configuration"] for r in rows} == configurations
+    assert {r["statistic"] for r in rows if r["section"] == "normalized"} == {
+        "iqm", "median", "mean", "optimality_gap"
+    }  # fmt: skip
+    assert len([r for r in rows if r["section"] == "improvement"]) == 4 * 3
+
+
+@pytest.mark.slow
 def test_sweep_summarises_every_job(finished_sweep):
     cwd, proc = finished_sweep
     assert proc.returncode == 0, proc.stderr

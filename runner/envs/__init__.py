@@ -280,6 +280,12 @@ def make_env(config: Any, render_mode: str | None = None) -> gym.Env | MultiAgen
     return _made_here(own, user_config, render_mode)
 
 
+def from_settings(env: EnvConfig) -> gym.Env | MultiAgentEnv:
+    """One env in this process from the env settings alone, as an EnvRunner makes it: for
+    a tool over saved runs, which has no AlgorithmConfig (runner.compare's random returns)."""
+    return _made_here(_own(env), dict(env.env_config), None)
+
+
 def observation_spaces(env: EnvConfig) -> tuple[list[Any] | None, dict[Any, gym.Space]]:
     """A multi-agent env's agent ids (None for a single-agent env) and the observation
     space each agent gets (under None for a single-agent env), as the EnvRunners' envs

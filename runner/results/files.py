@@ -178,14 +178,17 @@ def env_step(row: dict[str, Any]) -> int:
     return int(row["env_steps"] or 0)
 
 
-def return_points(rows: Iterable[dict[str, Any]]) -> list[tuple[float, float]]:
-    """(env steps, last known training return mean) for each iteration row with both: a
-    learning curve's points (a row written before `last_episode_return_mean`: its mean)."""
+def return_points(
+    rows: Iterable[dict[str, Any]], x: str = "env_steps"
+) -> list[tuple[float, float]]:
+    """(`x`: env steps, or wall seconds, and the last known training return mean) for each
+    iteration row with both: a learning curve's points (a row written before
+    `last_episode_return_mean`: its mean)."""
     points = []
     for row in rows:
         ret = row.get("last_episode_return_mean", row.get("episode_return_mean"))
-        if row.get("env_steps") is not None and ret is not None:
-            points.append((row["env_steps"], ret))
+        if row.get(x) is not None and ret is not None:
+            points.append((row[x], ret))
     return points
 
 

@@ -129,6 +129,25 @@ def curve_band(
     return save(plt, fig, path)
 
 
+def curves_band(
+    path: Path,
+    series: dict[str, tuple[Any, Any, Any, Any]],
+    xlabel: str,
+    ylabel: str,
+    title: str,
+) -> Path:
+    """Configurations overlaid: each one's line (over its seeds) with its band."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, (grid, mid, low, high) in series.items():
+        (line,) = ax.plot(grid, mid, "-", label=label)
+        ax.fill_between(grid, low, high, alpha=0.2, color=line.get_color())
+    ax.set(xlabel=xlabel, ylabel=ylabel)
+    ax.set_title(title, fontsize=8)
+    ax.legend(fontsize=7)
+    return save(plt, fig, path)
+
+
 def learning_curve(
     path: Path,
     training: list[tuple[float, float]],

@@ -119,11 +119,12 @@ def varies_seed(rows: list[dict[str, Any]]) -> bool:
     return any(len(s) > 1 for s in seen.values())
 
 
-def curve(job_dir: Path) -> tuple[np.ndarray, np.ndarray]:
-    """(env steps, last known return mean) per iteration, from the job's metrics.jsonl."""
+def curve(job_dir: Path, x: str = "env_steps") -> tuple[np.ndarray, np.ndarray]:
+    """(`x`: env steps or wall_seconds, last known return mean) per iteration, from the
+    job's metrics.jsonl."""
     path = job_dir / "metrics.jsonl"
     lines = path.read_text().splitlines() if path.is_file() else []
-    points = return_points(json.loads(line) for line in lines)
+    points = return_points((json.loads(line) for line in lines), x)
     data = np.asarray(points, dtype=float).reshape(-1, 2)
     return data[:, 0], data[:, 1]
 
@@ -131,8 +132,9 @@ def curve(job_dir: Path) -> tuple[np.ndarray, np.ndarray]:
 def band(
     curves: list[tuple[np.ndarray, np.ndarray]],
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """IQM and its interval over seeds on a common env-step grid. A run is read between its
-    first and last point; one that stopped early (it passed) holds its last value."""
+    """IQM and its interval over seeds on a common grid (env steps, or seconds). A run is
+    read between its first and last point; one that stopped early (it passed) holds its
+    last value."""
     curves = [c for c in curves if c[0].size]
     end = max(float(x[-1]) for x, _ in curves)
     grid = np.linspace(min(float(x[0]) for x, _ in curves), end, CURVE_POINTS)

@@ -59,16 +59,11 @@ AGGREGATES: dict[str, Callable[[Scores], float]] = {
 
 
 def probability_of_improvement(x: Scores, y: Scores) -> float:
-    """P(X > Y) (ties count a half) per task, from the Mann-Whitney U statistic, averaged
-    over tasks; `x` and `y` may have different numbers of runs."""
-    per_task = []
-    for task in range(x.shape[1]):
-        a, b = x[:, task], y[:, task]
-        if np.array_equal(a, b):
-            per_task.append(0.5)
-            continue
-        u = scipy.stats.mannwhitneyu(a, b, alternative="greater").statistic
-        per_task.append(float(u) / (len(a) * len(b)))
+    """P(X > Y) (ties count a half) per task, the Mann-Whitney U statistic over the runs'
+    pairs divided by their number, averaged over tasks; `x` and `y` may have different
+    numbers of runs."""
+    a, b = x[:, None, :], y[None, :, :]  # every pair of runs, per task
+    per_task = np.mean((a > b) + 0.5 * (a == b), axis=(0, 1))
     return float(np.mean(per_task))
 
 
