@@ -49,6 +49,7 @@ LAYERS = [
         "results.files",
         "results.plots",
         "results.stats",
+        "results.hub",
         "algorithms.flat_replay",
     },
     # results and faults
@@ -97,6 +98,7 @@ LAYERS = [
         "tasks.autotune",
         "tasks.inference_bench",
         "tasks.exploration_bench",
+        "tasks.push",
     },
     # one job, config -> plan -> preflight -> task
     {"job.app", "job.hooks"},

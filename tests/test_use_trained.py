@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +22,7 @@ import onnxruntime as ort
 import pytest
 import torch
 from cli_call import call
-from conftest import run_cli
+from conftest import cli_env, run_cli
 from ray.rllib.algorithms.dqn import DQNConfig
 from ray.rllib.core.columns import Columns
 from readme import commands, python_blocks
@@ -213,6 +214,15 @@ BAD = {
         ["task=evaluate", "checkpoint=CHECKPOINT/learner_group"],
         "holds no checkpoint",
     ),
+    "a push with no repository named": (["task=push"], "task=push needs task.repo_id="),
+    "a push with no token": (
+        ["task=push", "task.repo_id=me/cartpole"],
+        "task=push uploads with a Hugging Face token, and none is set: set HF_TOKEN",
+    ),
+    "a Hub repository not in the cache, offline": (
+        ["task=evaluate", "checkpoint=hf://me/nowhere"],
+        "checkpoint=hf://me/nowhere: the Hub repository could not be read",
+    ),
 }
 
 
@@ -249,7 +259,9 @@ def test_bad_input_for_trained_policies(cartpole: Path, exotic: Path, tmp_path: 
         if not any(a.startswith("checkpoint=") for a in args):
             args.append(f"checkpoint={cartpole}")
         runs.append((cwd, [*args, "hydra.run.dir=run"]))
-    env = {**os.environ, **WITH_TESTS}
+    # No Hugging Face token, and the Hub's cache (empty) read offline: no network here.
+    hub = {"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
+    env = {k: v for k, v in {**os.environ, **WITH_TESTS, **hub}.items() if k != "HF_TOKEN"}
     results = [call(cwd, args, env, timeout=120) for cwd, args in runs]
     for (name, (_, expected)), (cwd, _), result in zip(cases.items(), runs, results, strict=True):
         lines = result.stderr.strip().splitlines()
@@ -285,3 +297,66 @@ def test_dueling_dqn_exports_through_the_nanmean_conversion(tmp_path: Path):
     export._export(forward, torch.from_numpy(obs[:1]), tmp_path / "dqn.onnx", None)
     session = ort.InferenceSession(str(tmp_path / "dqn.onnx"))
     assert export.parity(forward, session, obs, [1, 16]) == {"1": 0.0, "16": 0.0}
+
+
+def _fill_hub_cache(home: Path, repo_id: str, folder: Path) -> None:
+    """huggingface_hub's cache as a download leaves it (refs/main -> a snapshot holding
+    the repository's files), so that HF_HUB_OFFLINE=1 reads it: no network here."""
+    commit = "0" * 40
+    repo = home / "hub" / f"models--{repo_id.replace('/', '--')}"
+    shutil.copytree(folder, repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+
+
+@pytest.mark.slow  # its module's trained run
+def test_push_makes_a_hub_repository_and_hf_reads_it_back(
+    cartpole: Path, tmp_path: Path, monkeypatch
+):
+    """task=push on the README's trained run: the repository's folder (the card
+    huggingface_hub's ModelCard reads back, with the evaluation's mean return as its
+    model-index; the checkpoint, the ONNX export, the video), sent through HfApi, whose
+    network calls are stubbed at its boundary; then checkpoint=hf://... evaluates it from
+    huggingface_hub's cache with no network (a real process, HF_HUB_OFFLINE=1)."""
+    from huggingface_hub import HfApi, ModelCard
+
+    sent: list[dict] = []
+    monkeypatch.setattr(HfApi, "create_repo", lambda self, repo_id, **kw: sent.append(kw))
+    monkeypatch.setattr(
+        HfApi,
+        "upload_folder",
+        lambda self, **kw: (sent.append(kw), type("Commit", (), {"commit_url": "https://hf.co/x"}))[
+            1
+        ],
+    )
+    monkeypatch.setenv("HF_TOKEN", "hf_test")
+    push = ["task=push", f"checkpoint={cartpole}", "task.repo_id=me/cartpole", "task.episodes=3"]
+    done = run_cli(tmp_path, *push, run_dir="pushed")
+    assert done.returncode == 0, done.stderr
+    folder = tmp_path / "pushed" / "hub"
+    card = ModelCard.load(folder / "README.md")
+    evaluated = json.loads((folder / "eval.json").read_text())
+    (result,) = card.data.eval_results
+    assert result.metric_type == "mean_reward" and result.dataset_name == "CartPole-v1"
+    assert result.metric_value == (
+        f"{evaluated['episode_return_mean']:.2f} +/- {evaluated['episode_return_std']:.2f}"
+    )
+    assert card.data.library_name == "rllib" and "hf://me/cartpole" in card.text
+    assert json.loads((folder / "policy.json").read_text())["parity"]["max_abs_diff"]
+    assert list((folder / "videos").glob("*.mp4")) and (folder / "policy.onnx").is_file()
+    (checkpoint,) = (folder / "checkpoints").iterdir()
+    assert checkpoints.problem(checkpoint) is None  # whole, as its manifest says
+    assert sent[-1]["repo_id"] == "me/cartpole" and Path(sent[-1]["folder_path"]) == folder
+    assert json.loads((tmp_path / "pushed" / "summary.json").read_text())["push"]["url"]
+
+    home = tmp_path / "hf"
+    _fill_hub_cache(home, "me/cartpole", folder)
+    offline = cli_env(extra={"HF_HOME": str(home), "HF_HUB_OFFLINE": "1"})
+    offline.pop("HF_TOKEN", None)
+    evaluate = ["task=evaluate", "checkpoint=hf://me/cartpole", "task.episodes=2"]
+    read = subprocess.run(
+        [sys.executable, "-m", "runner", *evaluate, "hydra.run.dir=from_hub"],
+        cwd=tmp_path, env=offline, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert read.returncode == 0, read.stderr
+    assert json.loads((tmp_path / "from_hub" / "eval.json").read_text())["episodes"] == 2

@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 
 from runner.errors import ConfigError
 from runner.job import Composer
-from runner.results import checkpoints, remote
+from runner.results import checkpoints, hub, remote
 from runner.results.checkpoints import CHECKPOINT_FILE, MANIFEST
 from runner.results.files import OVERRIDES, read_overrides
 from runner.settings import overrides as ov
@@ -41,8 +41,11 @@ def find_checkpoint(path_text: str, setting: str = "resume") -> tuple[Path, Path
     head, _, which = path_text.rpartition(":")
     if not head or which not in (LATEST, BEST):
         head, which = path_text, LATEST
-    pulled = remote.Pulled(head, setting) if remote.is_uri(head) else None
-    path = pulled.local if pulled else Path(head).expanduser()
+    pulled = remote.Pulled(head, setting) if remote.is_uri(head) and not hub.is_hub(head) else None
+    if hub.is_hub(head):  # a Hub repository pushed by task=push: a run dir
+        path = hub.download(head, setting)
+    else:
+        path = pulled.local if pulled else Path(head).expanduser()
     if not path.exists():
         raise ConfigError(
             f"{setting} path '{path}' does not exist; pass a run dir (one with checkpoints/) "
