@@ -37,7 +37,11 @@ from runner.settings import overrides as ov
 # Fewer seeds than this are marked, as docs/tuned.md marks them (rliable's advice).
 SEEDS = 5
 RANDOM_EPISODES = 100  # a random policy's return: the mean over this many episodes
-AXES = {"env_steps": "env steps sampled", "wall_seconds": "wall-clock seconds"}
+# --x: a curve's axis, the metrics.jsonl field it reads, and its label.
+AXES = {
+    "env_steps": ("env_steps", "env steps sampled"),
+    "seconds": ("wall_seconds", "wall-clock seconds"),
+}
 CSV_COLUMNS = (
     "section",
     "configuration",
@@ -210,12 +214,14 @@ def figures(
                 )
     matrices = {name: score_matrix(envs, refs) for name, envs in groups.items()} if refs else {}
     matrices = {k: m for k, m in matrices.items() if m.size}
-    for name, scores in matrices.items():
-        for statistic, func in stats.AGGREGATES.items():
-            point, low, high = stats.interval(scores, func, reps)
-            rows.append(
-                _row("normalized", name, "", "all", statistic, point, low, high, len(scores))
-            )
+    for name, scores in matrices.items():  # across envs, then each env on its own
+        columns = {"all": scores} | {e: score_matrix(groups[name], {e: refs[e]}) for e in refs}
+        for env, matrix in columns.items():
+            for statistic, func in stats.AGGREGATES.items():
+                if matrix.size:
+                    point, low, high = stats.interval(matrix, func, reps)
+                    n = len(matrix)
+                    rows.append(_row("normalized", name, "", env, statistic, point, low, high, n))
     for x in matrices:
         for y in matrices:
             if x != y:
@@ -246,16 +252,21 @@ def _row(
 
 
 def draw(
-    groups: dict[str, dict[str, list[Run]]], refs: dict[str, dict[str, Any]], out: Path, reps: int
+    groups: dict[str, dict[str, list[Run]]],
+    refs: dict[str, dict[str, Any]],
+    out: Path,
+    reps: int,
+    axes: list[str],
 ) -> list[Path]:
     """Per env and axis the configurations' curves overlaid; the performance profile."""
     drawn = []
     envs = sorted({env for envs in groups.values() for env in envs})
     for n, env in enumerate(envs):
-        for axis, xlabel in AXES.items():
+        for axis in axes:
+            field, xlabel = AXES[axis]
             series = {}
             for name, by_env in groups.items():
-                curves = [seeds.curve(r.dir, axis) for r in by_env.get(env, [])]
+                curves = [seeds.curve(r.dir, field) for r in by_env.get(env, [])]
                 if any(x.size for x, _ in curves):
                     series[f"{name} ({seeds.center(len(curves))})"] = seeds.band(curves)
             if series:
@@ -352,6 +363,9 @@ def blocks(
         *out,
         ("h2", "Across envs: returns normalized by a random policy (0) and a reference (1)"),
         ("table", (["env", "random return", "from", "reference", "source"], references)),
+        ("p", "Each env's normalized score (IQM over seeds; every aggregate in compare.csv):"),
+        _table(rows, names, list(refs), section="normalized", statistic="iqm"),
+        ("p", "Across envs:"),
         _table(rows, names, list(stats.AGGREGATES), section="normalized", env="all"),
         *(("img", p) for p in drawn if p.name == "profile.png"),
         ("h2", "Probability of improvement: P(X > Y), ties a half, averaged over envs"),
@@ -402,7 +416,12 @@ def html_page(page: list[Block]) -> str:
 
 
 def build(
-    paths: list[Path], out: Path, by: list[str], command: str, reps: int = stats.REPS
+    paths: list[Path],
+    out: Path,
+    by: list[str],
+    command: str,
+    reps: int = stats.REPS,
+    axes: list[str] | None = None,
 ) -> Path:
     """The comparison of every training run under `paths`, written into `out`."""
     runs = find(paths)
@@ -417,7 +436,8 @@ def build(
     out.mkdir(parents=True, exist_ok=True)
     rows = figures(groups, refs, reps)
     write_csv(out / "compare.csv", rows, CSV_COLUMNS)
-    page = blocks(command, groups, refs, rows, draw(groups, refs, out, reps))
+    drawn = draw(groups, refs, out, reps, axes or list(AXES))
+    page = blocks(command, groups, refs, rows, drawn)
     (out / "compare.md").write_text(markdown(page))
     (out / "compare.html").write_text(html_page(page))
     return out / "compare.md"
@@ -441,6 +461,11 @@ def main(argv: list[str] | None = None) -> int:
         "(default: the overrides that differ)",
     )
     parser.add_argument(
+        "--x",
+        choices=list(AXES),
+        help="the learning curves' axis (default: both, env steps and wall-clock seconds)",
+    )
+    parser.add_argument(
         "--out",
         type=Path,
         help="where the page goes (default: PATH/compare for one PATH, else outputs/compare)",
@@ -452,14 +477,20 @@ def main(argv: list[str] | None = None) -> int:
         else Path("outputs/compare")
     )
     command = " ".join(
-        ["python -m runner.compare", *args.paths, *(["--by", args.by] if args.by else [])]
+        [
+            "python -m runner.compare",
+            *args.paths,
+            *(["--by", args.by] if args.by else []),
+            *(["--x", args.x] if args.x else []),
+        ]
     )
 
     def work() -> int:
         paths = [
             remote.Pulled(p, "compare").local if remote.is_uri(p) else Path(p) for p in args.paths
         ]
-        page = build(paths, out, [k for k in args.by.split(",") if k], command)
+        by = [k for k in args.by.split(",") if k]
+        page = build(paths, out, by, command, axes=[args.x] if args.x else None)
         print(f"comparison: {page} (and compare.html, compare.csv)")
         return 0
 

@@ -85,6 +85,10 @@ def test_the_page_holds_the_figures_computed_independently(tmp_path: Path):
         assert float(iqm["low"]) <= float(iqm["value"]) <= float(iqm["high"])
         gap = next(r for r in normalized if r["statistic"] == "optimality_gap")
         assert float(gap["value"]) == pytest.approx(1 - np.minimum(matrix, 1).mean())
+        # Each env on its own: one column of the matrix.
+        own = next(r for r in rows if r["section"] == "normalized" and r["env"] == "acrobot"
+                   and r["configuration"] == config and r["statistic"] == "mean")  # fmt: skip
+        assert float(own["value"]) == pytest.approx(matrix[:, list(ENVS).index("acrobot")].mean())
         final = next(r for r in rows if r["configuration"] == config and r["env"] == "cartpole")
         cartpole = [FINAL[config]["cartpole"](s) for s in SEEDS]
         assert float(final["value"]) == pytest.approx(stats.iqm(np.array([cartpole]).T))
@@ -102,7 +106,7 @@ def test_the_page_holds_the_figures_computed_independently(tmp_path: Path):
     assert "seeds)" not in page  # 5 seeds each: nothing marked
     for png in (
         "curves_0_env_steps.png",
-        "curves_0_wall_seconds.png",
+        "curves_0_seconds.png",
         "curves_1_env_steps.png",
         "profile.png",
     ):
@@ -129,6 +133,17 @@ def test_fewer_seeds_are_marked_and_a_missing_random_return_is_measured(
     [cached] = (tmp_path / "cache" / "rllib-runner" / "random-returns").glob("random-*.json")
     random = json.loads(cached.read_text())["figures"]
     assert 10 < random < 40  # CartPole's random policy: about 22 steps an episode
+
+
+def test_x_draws_one_axis(tmp_path: Path):
+    for seed in range(2):
+        make_run(tmp_path / "runs", "algo.training.lr=0.001", "cartpole", seed)
+    assert compare.main([str(tmp_path / "runs"), "--x", "seconds"]) == 0
+    drawn = sorted(p.name for p in (tmp_path / "runs" / "compare").glob("curves_*.png"))
+    assert drawn == ["curves_0_seconds.png"]
+    with pytest.raises(SystemExit) as refused:  # argparse's refusal
+        compare.main([str(tmp_path / "runs"), "--x", "hours"])
+    assert refused.value.code == 2
 
 
 def test_by_names_configurations_from_the_run_config(tmp_path: Path):

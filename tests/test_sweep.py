@@ -48,7 +48,7 @@ def test_the_sweep_summary_links_its_comparison(finished_sweep):
     page = (out / "compare.md").read_text()
     assert "4 runs, 4 configurations, 1 envs" in page and "(1 seeds)" in page
     assert "env.solved_return (conf/env/cartpole.yaml)" in page
-    for png in ("curves_0_env_steps.png", "curves_0_wall_seconds.png", "profile.png"):
+    for png in ("curves_0_env_steps.png", "curves_0_seconds.png", "profile.png"):
         assert (out / png).is_file(), png
     rows = list(csv.DictReader((out / "compare.csv").open()))
     configurations = {
