@@ -106,6 +106,7 @@ LEFT_OUT = {
     "mlflow-skinny": "logger=mlflow only (imported in runner/results/tracking.py's functions)",
     "sqlalchemy": "logger=mlflow's SQLite store only",
     "alembic": "logger=mlflow's SQLite store only",
+    "huggingface-hub": "task=push and hf:// only (imported in runner/results/hub.py's functions)",
 }
 RAY = "ray"
 RAY_DROPPED = "ray/jars/"

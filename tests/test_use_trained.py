@@ -360,3 +360,13 @@ def test_push_makes_a_hub_repository_and_hf_reads_it_back(
     )  # fmt: skip
     assert read.returncode == 0, read.stderr
     assert json.loads((tmp_path / "from_hub" / "eval.json").read_text())["episodes"] == 2
+    # resume=hf://...: the repository is a run dir; its training goes on one iteration.
+    done_before = json.loads((cartpole / "summary.json").read_text())["iterations"]
+    more = f"stop.iterations={done_before + 1}"
+    resumed = subprocess.run(
+        [sys.executable, "-m", "runner", "resume=hf://me/cartpole", more, "hydra.run.dir=resumed"],
+        cwd=tmp_path, env=offline, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr
+    summary = json.loads((tmp_path / "resumed" / "summary.json").read_text())
+    assert summary["iterations"] == done_before + 1 and summary["resumed_from"]

@@ -16,6 +16,7 @@ band, and `probability_of_improvement` P(X > Y) per task averaged over tasks.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import scipy.stats
@@ -30,27 +31,28 @@ def normalized(returns: Sequence[float], random: float, reference: float) -> np.
     return (np.asarray(returns, dtype=float) - random) / (reference - random)
 
 
-def iqm(scores: Scores) -> float:
+def iqm(scores: Scores) -> Any:
     """The interquartile mean over every run and task: the 25 % trimmed mean."""
-    return float(scipy.stats.trim_mean(scores, proportiontocut=0.25, axis=None))
+    flat = scores.reshape(*scores.shape[:-2], -1)
+    return scipy.stats.trim_mean(flat, proportiontocut=0.25, axis=-1)
 
 
-def median(scores: Scores) -> float:
+def median(scores: Scores) -> Any:
     """The median over tasks of each task's mean over runs."""
-    return float(np.median(np.mean(scores, axis=0)))
+    return np.median(np.mean(scores, axis=-2), axis=-1)
 
 
-def mean(scores: Scores) -> float:
+def mean(scores: Scores) -> Any:
     """The mean over tasks of each task's mean over runs."""
-    return float(np.mean(np.mean(scores, axis=0)))
+    return np.mean(np.mean(scores, axis=-2), axis=-1)
 
 
-def optimality_gap(scores: Scores, gamma: float = 1.0) -> float:
+def optimality_gap(scores: Scores, gamma: float = 1.0) -> Any:
     """How far the runs fall short of `gamma` (the reference), scores above it clipped."""
-    return float(gamma - np.mean(np.minimum(scores, gamma)))
+    return gamma - np.mean(np.minimum(scores, gamma), axis=(-2, -1))
 
 
-AGGREGATES: dict[str, Callable[[Scores], float]] = {
+AGGREGATES: dict[str, Callable[[Scores], Any]] = {
     "iqm": iqm,
     "median": median,
     "mean": mean,
@@ -58,36 +60,37 @@ AGGREGATES: dict[str, Callable[[Scores], float]] = {
 }
 
 
-def probability_of_improvement(x: Scores, y: Scores) -> float:
+def probability_of_improvement(x: Scores, y: Scores) -> Any:
     """P(X > Y) (ties count a half) per task, the Mann-Whitney U statistic over the runs'
     pairs divided by their number, averaged over tasks; `x` and `y` may have different
     numbers of runs."""
-    a, b = x[:, None, :], y[None, :, :]  # every pair of runs, per task
-    per_task = np.mean((a > b) + 0.5 * (a == b), axis=(0, 1))
-    return float(np.mean(per_task))
+    a, b = x[..., :, None, :], y[..., None, :, :]  # every pair of runs, per task
+    return np.mean(np.mean((a > b) + 0.5 * (a == b), axis=(-3, -2)), axis=-1)
 
 
-def resample(scores: Scores, rng: np.random.Generator) -> Scores:
-    """One stratified bootstrap sample: within each task, its runs drawn with replacement."""
-    runs, tasks = scores.shape[:2]
-    return scores[rng.integers(0, runs, size=(runs, tasks)), np.arange(tasks)]
+def resample(scores: Scores, rng: np.random.Generator, reps: int | None = None) -> Scores:
+    """Stratified bootstrap samples: within each task, its runs drawn with replacement;
+    `reps` of them stacked first (one, unstacked, by default)."""
+    runs, tasks = scores.shape[-2:]
+    shape = (runs, tasks) if reps is None else (reps, runs, tasks)
+    return scores[rng.integers(0, runs, size=shape), np.arange(tasks)]
 
 
 def interval(
     scores: Scores | tuple[Scores, ...],
-    func: Callable[..., float],
+    func: Callable[..., Any],
     reps: int = REPS,
     size: float = 0.95,
     seed: int = 0,
 ) -> tuple[float, float, float]:
     """`func`'s point estimate and its `size` percentile interval over `reps` stratified
-    bootstrap samples; a tuple of score matrices (probability of improvement) is
-    resampled each on its own."""
+    bootstrap samples, all computed at once (each statistic here takes stacked samples); a
+    tuple of score matrices (probability of improvement) is resampled each on its own."""
     group = scores if isinstance(scores, tuple) else (scores,)
     rng = np.random.default_rng(seed)
-    samples = [func(*(resample(s, rng) for s in group)) for _ in range(reps)]
+    samples = func(*(resample(s, rng, reps) for s in group))
     low, high = np.percentile(samples, [50 * (1 - size), 50 * (1 + size)])
-    return func(*group), float(low), float(high)
+    return float(func(*group)), float(low), float(high)
 
 
 def profile(
@@ -98,9 +101,9 @@ def profile(
     thresholds = np.asarray(taus, dtype=float)
 
     def above(s: Scores) -> np.ndarray:
-        return np.mean(s.reshape(-1, 1) > thresholds, axis=0)
+        flat = s.reshape(*s.shape[:-2], -1, 1)
+        return np.mean(flat > thresholds, axis=-2)
 
-    rng = np.random.default_rng(seed)
-    samples = np.stack([above(resample(scores, rng)) for _ in range(reps)])
+    samples = above(resample(scores, np.random.default_rng(seed), reps))
     low, high = np.percentile(samples, [50 * (1 - size), 50 * (1 + size)], axis=0)
     return above(scores), low, high
