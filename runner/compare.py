@@ -198,8 +198,20 @@ def score_matrix(envs: dict[str, list[Run]], refs: dict[str, dict[str, Any]]) ->
     return np.stack([c[:seeds_each] for c in columns], axis=1) if seeds_each else np.empty((0, 0))
 
 
+def normalized_scores(
+    groups: dict[str, dict[str, list[Run]]], refs: dict[str, dict[str, Any]]
+) -> dict[str, np.ndarray]:
+    """Each configuration's seeds x envs matrix of normalized finals, over the envs with a
+    reference (configurations with none left out): the page's figures and its profile."""
+    matrices = {name: score_matrix(envs, refs) for name, envs in groups.items()} if refs else {}
+    return {name: m for name, m in matrices.items() if m.size}
+
+
 def figures(
-    groups: dict[str, dict[str, list[Run]]], refs: dict[str, dict[str, Any]], reps: int
+    groups: dict[str, dict[str, list[Run]]],
+    refs: dict[str, dict[str, Any]],
+    matrices: dict[str, np.ndarray],
+    reps: int,
 ) -> list[dict[str, Any]]:
     """Every figure of the page as a CSV row: per env final returns, the aggregates over
     envs and the probability of improvement of each configuration over each other."""
@@ -212,8 +224,6 @@ def figures(
                 rows.append(
                     _row("final return", name, "", env, "iqm", point, low, high, len(finals))
                 )
-    matrices = {name: score_matrix(envs, refs) for name, envs in groups.items()} if refs else {}
-    matrices = {k: m for k, m in matrices.items() if m.size}
     for name, scores in matrices.items():  # across envs, then each env on its own
         columns = {"all": scores} | {e: score_matrix(groups[name], {e: refs[e]}) for e in refs}
         for env, matrix in columns.items():
@@ -253,7 +263,7 @@ def _row(
 
 def draw(
     groups: dict[str, dict[str, list[Run]]],
-    refs: dict[str, dict[str, Any]],
+    matrices: dict[str, np.ndarray],
     out: Path,
     reps: int,
     axes: list[str],
@@ -272,8 +282,6 @@ def draw(
             if series:
                 path = out / f"curves_{n}_{axis}.png"
                 drawn.append(plots.curves_band(path, series, xlabel, "episode return mean", env))
-    matrices = {name: score_matrix(by_env, refs) for name, by_env in groups.items()} if refs else {}
-    matrices = {k: m for k, m in matrices.items() if m.size}
     if matrices:
         every = np.concatenate([m.ravel() for m in matrices.values()])
         taus = np.linspace(min(0.0, every.min()), max(1.0, every.max()), 50)
@@ -434,9 +442,10 @@ def build(
     label(runs, by)
     groups, refs = by_configuration(runs), references(runs)
     out.mkdir(parents=True, exist_ok=True)
-    rows = figures(groups, refs, reps)
+    matrices = normalized_scores(groups, refs)
+    rows = figures(groups, refs, matrices, reps)
     write_csv(out / "compare.csv", rows, CSV_COLUMNS)
-    drawn = draw(groups, refs, out, reps, axes or list(AXES))
+    drawn = draw(groups, matrices, out, reps, axes or list(AXES))
     page = blocks(command, groups, refs, rows, drawn)
     (out / "compare.md").write_text(markdown(page))
     (out / "compare.html").write_text(html_page(page))
