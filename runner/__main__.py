@@ -32,19 +32,29 @@ from runner import CONFIG_DIR  # noqa: E402
 from runner.api import composed, register_configs  # noqa: E402
 from runner.errors import RunnerError, one_line  # noqa: E402
 from runner.job import Job  # noqa: E402
-from runner.machine.shutdown import install_default, interrupted  # noqa: E402
+from runner.machine import slurm  # noqa: E402
+from runner.machine.shutdown import Interrupted, install_default, interrupted  # noqa: E402
 from runner.results.files import REFUSED, read_status  # noqa: E402
 from runner.settings.overrides import normalized  # noqa: E402
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
 def _app(cfg: DictConfig) -> None:
-    """One job. In a sweep its outcome goes to job.json, and a failure lets the sweep go on.
+    """One job, here or as a SLURM job's task (runner/machine/slurm.py: a job of several
+    tasks runs it in task 0, on a Ray across them all)."""
+    hydra_cfg = HydraConfig.get()
+    if slurm.allocation() is not None:  # in submitit's process: main() set no handlers
+        slurm.take_requeue()
+        install_default()
+    slurm.run_job(Path(hydra_cfg.runtime.output_dir), lambda: _one_job(cfg, hydra_cfg))
+
+
+def _one_job(cfg: DictConfig, hydra_cfg: HydraConf) -> None:
+    """In a sweep its outcome goes to job.json, and a failure lets the sweep go on.
     Its settings are checked before torch, Ray and RLlib are imported (bad input is one
     line in about a second); a job that ends before its task runs leaves its record."""
     from runner.results.jobs import earlier_attempt, write_job
 
-    hydra_cfg = HydraConfig.get()
     job, began = _job(cfg, hydra_cfg), time.perf_counter()
     carry_on = None
     if job.sweep_dir is not None:
@@ -66,7 +76,9 @@ def _app(cfg: DictConfig) -> None:
         totals.pop("summary", None)  # summary.json: in the run dir
     except KeyboardInterrupt as ex:  # a signal (Ray's calls give up on nothing else)
         keep_ray = False
-        raise _interrupted(job, interrupted(ex), start, began) from None
+        stop = _interrupted(job, interrupted(ex), start, began)
+        slurm.requeue(stop.signum)  # SLURM's warning: submitit requeues the job, and exits
+        raise stop from None
     except Exception as ex:
         keep_ray = False
         _failed(job, ex, start, began)
@@ -117,7 +129,7 @@ def _record_end(job: Job, ex: BaseException, start: float) -> None:
     ended_early(job.run_dir, job.choices["task"], ex, time.perf_counter() - start, known)
 
 
-def _interrupted(job: Job, stop: BaseException, start: float, began: float) -> BaseException:
+def _interrupted(job: Job, stop: Interrupted, start: float, began: float) -> Interrupted:
     """A signal: the record, and a sweep job's job.json so a re-run continues it."""
     _record_end(job, stop, start)
     if job.sweep_dir is not None:

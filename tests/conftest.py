@@ -92,9 +92,10 @@ def _dispatch_order(item: pytest.Item) -> tuple[bool, bool, bool]:
     return alone or _ray_free(item), _ray_free(item), quick
 
 
-# Tests of another environment, CI's second lane: `ipex` needs the ipex extra (torch 2.8),
-# `box` makes a Python 3.12 venv like the GPU machine (about 5 GB, kept between runs).
-SECOND_LANE = ("ipex", "box")
+# Tests of another environment, CI's second and third lanes: `ipex` needs the ipex extra
+# (torch 2.8), `box` makes a Python 3.12 venv like the GPU machine (about 5 GB, kept
+# between runs), `slurm` a local SLURM (scripts/slurm_local.sh, as root).
+SECOND_LANE = ("ipex", "box", "slurm")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

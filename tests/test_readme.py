@@ -19,6 +19,7 @@ import re
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -68,6 +69,9 @@ WAYS: dict[str, Way] = {
     "uv && uv pip install --compile-bytecode -e '.[test]' && python -m pytest -q": SET_UP,
     "python3 -m venv .venv-ipex && . .venv-ipex/bin/activate && pip install "
     "-e '.[test,ipex]' && python -m pytest -q -m \"ipex or box\"": SET_UP,
+    "python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 uv && uv pip "
+    "install --compile-bytecode -e '.[test]' && bash scripts/slurm_local.sh start && "
+    "python -m pytest -q -m slurm -n 0": SET_UP,
     # Quick start and Config groups
     "python -m runner --help": Way(expect="tuned presets"),  # runner/settings/help.py's page
     "python -m runner --cfg job": Way(expect="num_env_runners:"),
@@ -332,6 +336,43 @@ WAYS: dict[str, Way] = {
     "python -m runner.report s3://my-bucket/rllib/outputs/runs": Way(
         expect="1 run(s) with a check"
     ),
+    # docs/search.md, Studies and populations (run by tests/test_tune.py after the README's
+    # search, whose study the dashboard opens: see serve_dashboard). A population of 2
+    # trials of 8 iterations, perturbed every 2: the trailing one exploits the other.
+    "optuna-dashboard sqlite:///outputs/search/optuna.db": Way(expect="listed 4 trials"),
+    "python -m runner task=tune search=ppo_cartpole_pbt task.num_samples=4 "
+    "task.max_concurrent=2 hydra.run.dir=outputs/pbt": Way(
+        (
+            "task.num_samples=2",
+            "stop.env_steps=null",
+            "stop.iterations=8",
+            "search.perturbation_interval=2",
+            "search.quantile_fraction=0.5",
+            "algo.training.train_batch_size_per_learner=500",
+        ),  # fmt: skip
+        expect="search: 2 trials (2 finished)",
+    ),
+    # docs/cluster.md, SLURM (run by tests/test_slurm.py, CI's SLURM lane, on the local
+    # SLURM the script starts: one node of 2 CPUs, so the two-node job runs as two tasks of
+    # one node, each its Ray node; `stop` is followed by a `start` for the lane's next test).
+    "bash scripts/slurm_local.sh start": Way(expect="SLURM is up: local* 1 node", in_repo=True),
+    "python -m runner -m hydra/launcher=slurm seed=0,1 hydra.launcher.cpus_per_task=1 "
+    "hydra.launcher.partition=local stop.iterations=2": Way(
+        TINY, expect="sweep: 2 jobs, 0 failed", own_ray=True
+    ),
+    "python -m runner -m hydra/launcher=slurm hydra.launcher.nodes=2 "
+    "hydra.launcher.cpus_per_task=8 scaling.num_env_runners=14 stop.iterations=2": Way(
+        (
+            *TINY,
+            "hydra.launcher.nodes=1",
+            "hydra.launcher.tasks_per_node=2",
+            "hydra.launcher.cpus_per_task=1",
+            "scaling.num_env_runners=1",
+        ),  # fmt: skip
+        expect="sweep: 1 jobs, 0 failed",
+        own_ray=True,
+    ),
+    "bash scripts/slurm_local.sh stop": Way(expect="SLURM stopped", in_repo=True),
     # docs/gpu.md (run by tests/test_gpu_smoke.py, which checks what the dry run planned)
     "python benchmarks/gpu_smoke.py --dry-run": Way(expect="written: outputs/gpu_smoke/smoke.md"),
     "python benchmarks/gpu_smoke.py": Way(code=2, expect="sees no CUDA GPU here"),
@@ -432,6 +473,8 @@ RUN_ELSEWHERE = {
     "Reproductions": "tests/test_reproductions.py",
     "Ray Jobs": "tests/test_ray_jobs.py",
     "Results in object storage": "tests/test_results_uri.py",
+    "SLURM": "tests/test_slurm.py",
+    "Studies and populations": "tests/test_tune.py",
 }
 # The README's first screen: install, then train, watch, evaluate, export, sweep, search.
 FIRST_SCREEN = 45
@@ -537,7 +580,7 @@ def test_python_api_example_runs(tmp_path: Path):
 def test_ci_runs_the_readme_set_up_commands():
     """.ci/run takes its commands from this README, so they cannot drift apart."""
     ci = (ROOT / ".ci" / "run").read_text()
-    for name in ("test", "ipex"):
+    for name in ("test", "ipex", "slurm"):
         assert f"python3 tests/readme.py setup {name}" in ci
         assert setup(name).endswith(SETUP[name])
     # The main command installs what the test command installs, without the test extra.
@@ -584,6 +627,43 @@ def serve_tensorboard(command: str, cwd: Path, env: dict[str, str]) -> str:
         proc.wait(timeout=30)
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def serve_dashboard(command: str, cwd: Path, env: dict[str, str]) -> str:
+    """Start optuna-dashboard as written (on a free port), read its API's trials of the
+    study, stop it."""
+    port = _free_port()
+    proc = subprocess.Popen(
+        ["bash", "-c", f"exec {command} --port {port}"],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                api = f"http://127.0.0.1:{port}/api/studies"
+                (study,) = json.loads(urllib.request.urlopen(api, timeout=10).read())[
+                    "study_summaries"
+                ]
+                trials = json.loads(
+                    urllib.request.urlopen(f"{api}/{study['study_id']}", timeout=10).read()
+                )["trials"]
+                return f"listed {len(trials)} trials"
+            except OSError:
+                time.sleep(0.5)
+        raise AssertionError(f"optuna-dashboard answered nothing on port {port}")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
 def run_block(commands_in_block: list[str], cwd: Path) -> dict[str, str]:
     """Each command as its Way says, checked; what each printed (stdout, then stderr)."""
     printed = {}
@@ -594,6 +674,9 @@ def run_block(commands_in_block: list[str], cwd: Path) -> dict[str, str]:
         env = _env(cwd / "home", cli_env(way.own_ray, way.env))
         if command.startswith("tensorboard "):
             assert serve_tensorboard(command, cwd, env) == way.expect
+            continue
+        if command.startswith("optuna-dashboard "):
+            assert serve_dashboard(command, cwd, env) == way.expect
             continue
         line = " ".join([command, *way.extra])
         at = ROOT if way.in_repo else cwd

@@ -40,6 +40,7 @@ LAYERS = [
         "settings.help",
         "machine",
         "machine.measure_cache",
+        "machine.slurm",
         "machine.plan",
         "settings.user_code",
         "machine.ray_session",

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
 
 README_SECTION = "Search and track"
+DOCS_SECTION = "Studies and populations"  # docs/search.md's, run after the README's
 RETURN = "env_runners/episode_return_mean"
 EVAL_RETURN = f"evaluation/{RETURN}"
 KEYS = [
@@ -63,6 +64,7 @@ def outputs(tmp_path_factory) -> Path:
     """The section's outputs/ dir; beside it, printed.json: what each command printed."""
     cwd = tmp_path_factory.mktemp("readme")
     printed = run_block([c.text for c in commands() if c.section == README_SECTION], cwd)
+    printed |= run_block([c.text for c in commands() if c.section == DOCS_SECTION], cwd)
     (cwd / "printed.json").write_text(json.dumps(printed))
     return cwd / "outputs"
 
@@ -117,6 +119,58 @@ def test_search_writes_every_trial_and_asha_stops_the_trailing_ones(outputs: Pat
     assert summary["preset"]["trial"] == 1
     for plot in ("trials_objective.png", "trials_best_so_far.png"):
         assert (outputs / "search" / plot).stat().st_size > 1000
+
+
+@pytest.mark.slow  # its module's trained run
+def test_the_search_keeps_its_study_and_reports_importances(outputs: Path):
+    """The study is in the run dir's SQLite (optuna-dashboard listed its 4 trials: the
+    section's block checks it), each trial told its final objective; the summary gives
+    fANOVA's importances of the 4 searched keys."""
+    import optuna
+
+    search = outputs / "search"
+    summary = json.loads((search / "summary.json").read_text())
+    storage = f"sqlite:///{search.resolve() / 'optuna.db'}"
+    assert summary["study"] == {"storage": storage, "name": str(search.resolve())}
+    study = optuna.load_study(study_name=summary["study"]["name"], storage=storage)
+    objectives = sorted(float(r["objective"]) for r in _rows(search / "trials.csv"))
+    assert sorted(t.value for t in study.trials) == pytest.approx(objectives)
+    assert {t.state.name for t in study.trials} == {"COMPLETE"}
+    shares = summary["importances"]
+    assert set(shares) == set(KEYS) and sum(shares.values()) == pytest.approx(1, abs=1e-3)
+    assert "parameter importances (fANOVA): " in printed(outputs, "task=tune search=ppo_cartpole ")
+
+
+@pytest.mark.slow  # its module's trained run
+def test_a_population_trial_continues_with_its_mutated_lr(outputs: Path):
+    """PBT's exploit: the trailing trial continues from the leading trial's checkpoint
+    (its iterations go on from there) with a mutated lr, which RLlib's Learner really
+    uses afterwards (its optimizer's learning rate metric), as Tune's record of the
+    trial's config says (ray-project/ray#62173: values dropped after a restore)."""
+    tune_dir = outputs / "pbt" / "tune"
+    policies = sorted(tune_dir.glob("pbt_policy_*.txt"))
+    assert policies, "no trial exploited another"
+    trailing, _, _, donor_iteration, before, after = json.loads(
+        policies[0].read_text().splitlines()[0]
+    )
+    assert after["algo.training.lr"] != before["algo.training.lr"]
+    (trial,) = [
+        t for t in tune_dir.glob("trial_*") if t.name.endswith(f"_{trailing.split('_')[0]:>05}")
+    ]
+    rows = [json.loads(line) for line in (trial / "metrics.jsonl").read_text().splitlines()]
+    lr = "learners/default_policy/default_optimizer_learning_rate"
+    first = json.loads((trial / "result.json").read_text().splitlines()[0])["config"]
+    assert rows[0]["metrics"][lr] == pytest.approx(first["algo.training.lr"])
+    assert rows[-1]["metrics"][lr] == pytest.approx(after["algo.training.lr"])
+    resumed = [
+        r["iteration"] for r in rows if r["metrics"][lr] == pytest.approx(after["algo.training.lr"])
+    ]
+    assert resumed[0] == donor_iteration + 1 and rows[-1]["iteration"] >= 8
+    last = json.loads((trial / "result.json").read_text().splitlines()[-1])["config"]
+    assert last["algo.training.lr"] == pytest.approx(after["algo.training.lr"])
+    summary = json.loads((outputs / "pbt" / "summary.json").read_text())
+    assert summary["scheduler"] == "pbt" and summary["study"] is None
+    assert summary["importances"] is None  # values changed as trials ran
 
 
 @pytest.mark.slow  # its module's trained run
@@ -369,6 +423,14 @@ def test_interrupted_search_exits_130_and_resume_finishes_it(tmp_path: Path):
     finished = {r["trial_id"]: r["objective"] for r in first if r["status"] != "not_finished"}
     assert {r["trial_id"]: r["objective"] for r in second if r["trial_id"] in finished} == finished
     assert _rows(tmp_path / "first" / "trials.csv") == first
+    # The resumed search continued its study, where the search began: every trial told.
+    import optuna
+
+    kept = json.loads((tmp_path / "second" / "summary.json").read_text())["study"]
+    assert kept["storage"] == f"sqlite:///{(tmp_path / 'first').resolve() / 'optuna.db'}"
+    study = optuna.load_study(study_name=kept["name"], storage=kept["storage"])
+    told = [t.value for t in study.trials if t.state.name == "COMPLETE"]
+    assert sorted(told) == pytest.approx(sorted(float(r["objective"]) for r in second))
 
 
 def test_searched_values_apply_through_the_schema_and_rllib():
@@ -433,6 +495,36 @@ BAD = {
         "logger=mlflow: cannot reach the tracking store http://127.0.0.1:9",
     ),
     "an unknown logger": (["logger=neptune"], "unknown option 'neptune' for config group 'logger'"),
+    "a storage that is no database URL": (
+        ["task=tune", "search=ppo_cartpole", "task.storage=optuna.db"],
+        "task.storage=optuna.db: Could not parse SQLAlchemy URL",
+    ),
+    "mutations without a population": (
+        [
+            "task=tune",
+            "search=ppo_cartpole",
+            "+search.mutations={algo.training.lr: {uniform: [0, 1]}}",
+        ],
+        "which only population-based training does: set search.scheduler=pbt",
+    ),
+    "a population without mutations": (
+        ["task=tune", "search=ppo_cartpole", "search.scheduler=pbt"],
+        "search.scheduler=pbt needs search.mutations",
+    ),
+    "PB2 given a choice": (
+        [
+            "task=tune",
+            "search=ppo_cartpole_pbt",
+            "search.scheduler=pb2",
+            "+search.mutations={algo.training.gamma: {choice: [0.9, 0.99]}}",
+        ],
+        "search.mutations.'algo.training.gamma': PB2 picks values within [low, high]: give "
+        "it uniform or loguniform, not choice",
+    ),
+    "an unknown scheduler": (
+        ["task=tune", "search=ppo_cartpole", "search.scheduler=hyperband"],
+        "search.scheduler",
+    ),
 }
 
 
@@ -477,3 +569,28 @@ def test_a_trial_stops_at_its_check_as_a_run_does(tmp_path: Path):
         first = json.loads(lines[0])
         assert first["iteration"] == 1 and "env_runners/episode_return_mean" in first["metrics"]
         assert (trial_dir / "checkpoints").is_dir()
+
+
+def test_a_population_search_builds_tunes_scheduler_and_checkpoints_at_each_perturbation():
+    """search.scheduler=pbt|pb2 become Tune's PBT (the mutations as Tune's domains) and PB2
+    (their [low, high] as bounds), perturbing on iterations; the trials checkpoint at
+    least every perturbation and start from a random population, with no study."""
+    from ray.tune.schedulers import PopulationBasedTraining
+    from ray.tune.schedulers.pb2 import PB2
+
+    from runner.tasks import tune
+
+    for name, kind in (("pbt", PopulationBasedTraining), ("pb2", PB2)):
+        settings = typed(
+            compose_config(["task=tune", "search=ppo_cartpole_pbt", f"search.scheduler={name}"])
+        )
+        scheduler = tune._scheduler(settings)
+        assert type(scheduler) is kind
+        assert tune.for_population(settings).checkpoint.every == 4  # conf: every 10
+    pb2 = tune._scheduler(settings)
+    assert pb2._hyperparam_bounds == {  # Tune keeps them as given
+        "algo.training.lr": [1.0e-4, 1.0e-2],
+        "algo.training.entropy_coeff": [0.0, 0.02],
+    }
+    asha = typed(compose_config(["task=tune", "search=ppo_cartpole"]))
+    assert tune.for_population(asha) is asha

@@ -11,7 +11,7 @@ import os
 import platform
 import re
 from dataclasses import dataclass, field
-from typing import TypedDict
+from typing import Any, TypedDict
 
 from runner.settings.schema import RayConfig
 
@@ -27,6 +27,8 @@ class Resources:
     gpu_names: list[str]
     cpu_model: str = ""
     local: bool = False  # a local Ray, whose CPU count ray.num_cpus sets
+    nodes: int = 1  # a cluster's alive Ray nodes
+    slurm: dict[str, Any] | None = None  # the SLURM job's allocation (slurm.Allocation)
     # By CUDA index: names and compute capabilities ("8.0"); and the kernels torch has.
     driver_gpus: list[str] = field(default_factory=list)
     driver_capabilities: list[str] = field(default_factory=list)
@@ -70,16 +72,22 @@ def driver_cuda() -> DriverCuda:
 
 
 def local_resources(ray_cfg: RayConfig) -> Resources:
-    """This machine as a local Ray would see it (ray.num_cpus / ray.num_gpus override)."""
+    """This machine as a local Ray would see it: ray.num_cpus / ray.num_gpus where set,
+    else a SLURM job's allocation (runner/machine/slurm.py), else the machine's own."""
+    from runner.machine import slurm
+
     cuda = driver_cuda()
     names = cuda.get("driver_gpus", [])
+    cpus, gpus = slurm.local_size(ray_cfg.num_cpus, ray_cfg.num_gpus)
+    granted = slurm.allocation()
     return Resources(
-        where="this machine",
-        cpus=float(ray_cfg.num_cpus if ray_cfg.num_cpus is not None else os.cpu_count() or 1),
-        gpus=float(ray_cfg.num_gpus if ray_cfg.num_gpus is not None else len(names)),
+        where="this machine" if granted is None else granted.describe(),
+        cpus=float(cpus if cpus is not None else os.cpu_count() or 1),
+        gpus=float(gpus if gpus is not None else len(names)),
         gpu_names=names,
         cpu_model=cpu_model(),
         local=True,
+        slurm=slurm.describe(),
         **cuda,
     )
 
@@ -87,6 +95,8 @@ def local_resources(ray_cfg: RayConfig) -> Resources:
 def cluster_resources(address: str) -> Resources:
     """The connected Ray cluster's totals; GPU names from Ray's accelerator_type resources."""
     import ray
+
+    from runner.machine import slurm
 
     total = ray.cluster_resources()
     names = [k.split(":", 1)[1] for k in total if k.startswith("accelerator_type:")]
@@ -96,6 +106,8 @@ def cluster_resources(address: str) -> Resources:
         gpus=float(total.get("GPU", 0)),
         gpu_names=names,
         cpu_model=cpu_model(),
+        nodes=sum(1 for node in ray.nodes() if node["Alive"]),
+        slurm=slurm.describe(),
         **driver_cuda(),
     )
 

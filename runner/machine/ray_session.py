@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.errors import ConfigError, PreflightError
+from runner.machine import slurm
 from runner.settings.schema import LogLevel, RayConfig
 
 
@@ -122,7 +123,8 @@ def _check_users_ray(ray_cfg: RayConfig, compile_cache_dir: str | None) -> None:
 
 
 def start_ray(ray_cfg: RayConfig, compile_cache_dir: str | None = None) -> None:
-    """A local Ray sized to this machine (no dashboard, quiet), or the cluster at ray.address.
+    """A local Ray sized to this machine or its SLURM allocation (no dashboard, quiet), or
+    the cluster at ray.address.
 
     Every actor gets `ray.runtime_env` (e.g. the user's package as `py_modules`), and
     `compile_cache_dir` as TORCHINDUCTOR_CACHE_DIR, here and in every actor. A Ray already
@@ -133,8 +135,10 @@ def start_ray(ray_cfg: RayConfig, compile_cache_dir: str | None = None) -> None:
     runner's: runner/machine/shutdown.py) are set again after it.
     """
     main = threading.current_thread() is threading.main_thread()  # where handlers are set
-    handlers = {s: signal.getsignal(s) for s in SIGNALS} if main else {}
+    handlers = {s: signal.getsignal(s) for s in (*SIGNALS, slurm.PREEMPT)} if main else {}
     try:
+        if main:  # Ray's processes inherit it ignored: SLURM signals every process of a job
+            signal.signal(slurm.PREEMPT, signal.SIG_IGN)
         _init(ray_cfg, compile_cache_dir)
     finally:
         for signum, handler in handlers.items():
@@ -176,10 +180,11 @@ def _init(ray_cfg: RayConfig, compile_cache_dir: str | None) -> None:
     else:
         # "local": a new Ray of its own, never a cluster that happens to run on this machine
         # (nor the RAY_ADDRESS that ray.address=local overrides).
+        num_cpus, num_gpus = slurm.local_size(ray_cfg.num_cpus, ray_cfg.num_gpus)
         ray.init(
             address="local",
-            num_cpus=ray_cfg.num_cpus,
-            num_gpus=ray_cfg.num_gpus,
+            num_cpus=num_cpus,
+            num_gpus=num_gpus,
             include_dashboard=False,
             _system_config=LOCAL_SYSTEM_CONFIG,
             **common,

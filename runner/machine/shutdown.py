@@ -1,7 +1,8 @@
 """What stops a run from outside its loop: signals, the grace after one, and the stall
 watchdog.
 
-SIGTERM, SIGINT and SIGHUP (a preemption, Ctrl-C, a closed terminal) ask the run to stop:
+SIGTERM, SIGINT, SIGHUP and USR2 (a preemption, Ctrl-C, a closed terminal, SLURM's warning
+before a time limit) ask the run to stop:
 the iteration in flight may finish for `shutdown.grace_seconds`, then it is abandoned; a
 second signal aborts at once. The watchdog stops a run in which no iteration finishes
 within its bound. Both break into the main thread the one way Ray lets them: Ray's
@@ -23,9 +24,11 @@ from contextlib import contextmanager
 from typing import Any
 
 from runner.machine.ray_session import SIGNALS, kill_local_ray
+from runner.machine.slurm import PREEMPT
 from runner.settings.schema import WatchdogConfig
 
-HANDLED = SIGNALS
+# SLURM's warning before a job's time limit (submitit's USR2) stops a run as SIGTERM does.
+HANDLED = (*SIGNALS, PREEMPT)
 
 
 def signal_name(signum: int) -> str:

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from runner.results.files import RESULT_FILES, write_atomic
+from runner.results.files import RESULT_FILES, read_overrides, write_atomic
 
 JOB_FILE = "job.json"
 ERROR_FILE = "error.txt"
@@ -33,8 +33,10 @@ def earlier_attempt(job_dir: Path, overrides: list[str]) -> tuple[bool, Path | N
 
     A finished run of the same overrides is skipped. A failed, interrupted or unfinished
     earlier attempt is moved into attempt-N/ so the job can run again without losing it;
-    an interrupted one with a checkpoint is continued from there (`continue from` is its
-    attempt dir). A dry-run record is only a plan, and is dropped."""
+    an interrupted one, or an unfinished one (killed: SLURM's requeue or preemption stops
+    a job's Ray with it, a node fails), of the same overrides is continued from its newest
+    checkpoint (`continue from` is its attempt dir). A dry-run record is only a plan, and
+    is dropped."""
     job = read_job(job_dir)
     if job and job["status"] == "finished" and job["overrides"] == overrides:
         return True, None
@@ -49,6 +51,7 @@ def earlier_attempt(job_dir: Path, overrides: list[str]) -> tuple[bool, Path | N
             p.rename(attempt / p.name)
         status = job["status"] if job else "unfinished"
         print(f"{job_dir}: the earlier {status} attempt's files are kept in {attempt.name}/")
-        if job and status == "interrupted" and job["overrides"] == overrides:
+        began_with = job["overrides"] if job else read_overrides(job_dir)
+        if status in ("interrupted", "unfinished") and began_with == overrides:
             return False, attempt
     return False, None

@@ -84,14 +84,43 @@ def best_row(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     return None
 
 
+def importances(
+    rows: list[dict[str, Any]], space: dict[str, Distribution]
+) -> dict[str, float] | None:
+    """Each searched key's share of the final objective's variance, by Optuna's fANOVA
+    (its default evaluator, the one optuna-dashboard draws) over the trials that ended with
+    one, early-stopped included (their objective came at less budget); None with fewer
+    than 3 of them. Trials of a population (PBT) changed values as they ran: none there."""
+    import optuna
+    from optuna.importance import FanovaImportanceEvaluator, get_param_importances
+    from ray.tune.search.optuna import OptunaSearch
+
+    scored = [r for r in rows if r["status"] in (FINISHED, EARLY) and r["objective"] is not None]
+    if len(scored) < 3:
+        return None
+    distributions = OptunaSearch.convert_search_space(search.to_tune(space))
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="maximize")
+    study.add_trials(
+        optuna.trial.create_trial(
+            params={k: r[k] for k in space}, distributions=distributions, value=r["objective"]
+        )
+        for r in scored
+    )
+    found = get_param_importances(study, evaluator=FanovaImportanceEvaluator(seed=0))
+    return {key: round(float(share), 4) for key, share in found.items()}
+
+
 def write(
     run_dir: Path,
     rows: list[dict[str, Any]],
     space: dict[str, Distribution],
     metric: str,
     preset: dict[str, Any] | None,
+    fixed: bool = True,
 ) -> dict[str, Any]:
-    """trials.csv and the plots; returns the search's summary."""
+    """trials.csv and the plots; returns the search's summary (`fixed`: each trial ran
+    with the values it was given, so their importances mean something)."""
     keys = list(space)
     columns = ["trial", "trial_id", "status", *keys, "objective", "best_objective"]
     columns += ["env_steps", "iterations", "seconds", "check", "stop_reason", "error"]
@@ -109,6 +138,7 @@ def write(
         "trials_by_status": dict(Counter(r["status"] for r in rows)),
         "best": best and _brief(best, keys),
         "preset": preset_row and _brief(preset_row, keys),
+        "importances": importances(rows, space) if fixed else None,
     }
 
 
@@ -222,6 +252,11 @@ def describe(summary: dict[str, Any], run_dir: Path) -> str:
         text += f"; best: trial {best['trial']}, {metric} {_figure(best['objective'])} ({values})"
     if preset:
         text += f"; the preset's values (trial {preset['trial']}): {_figure(preset['objective'])}"
+    if summary.get("importances"):
+        shares = ", ".join(f"{k} {v:.2f}" for k, v in summary["importances"].items())
+        text += f"\nparameter importances (fANOVA): {shares}"
+    if summary.get("study"):
+        text += f"\nthe study: optuna-dashboard {summary['study']['storage']}"
     if best:
         text += f"\nbest as an experiment: {run_command(run_dir)}"
     return text + f"\nresults in {run_dir}"

@@ -476,12 +476,30 @@ class Distribution:
     choice: list[Any] | None = None
 
 
+class Scheduler(str, Enum):
+    asha = "asha"  # stops trailing trials early (task.grace_fraction, task.reduction_factor)
+    pbt = "pbt"  # population-based training: trailing trials take a leader's checkpoint
+    pb2 = "pb2"  # PBT whose new values a Gaussian-process bandit picks within bounds
+
+
 @dataclass
 class SearchConfig:
     """A search space for task=tune: composed keys (`algo.training.lr`) to distributions.
-    The conf/search/ files set it; empty unless one is chosen."""
+    The conf/search/ files set it; empty unless one is chosen.
+
+    `scheduler: pbt | pb2` trains a population: every `perturbation_interval` iterations
+    the bottom `quantile_fraction` of trials continue from a top trial's checkpoint with
+    its values, the `mutations` keys changed (PBT: perturbed by 0.8 or 1.2, a list's
+    neighbour, or resampled with `resample_probability`; PB2: picked within their
+    [low, high], so uniform or loguniform only). A mutated key not in `space` starts
+    sampled from its mutation's distribution."""
 
     space: dict[str, Distribution] = field(default_factory=dict)
+    scheduler: Scheduler = Scheduler.asha
+    mutations: dict[str, Distribution] = field(default_factory=dict)
+    perturbation_interval: int = 4
+    quantile_fraction: float = 0.25
+    resample_probability: float = 0.25
 
 
 @dataclass

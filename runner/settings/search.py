@@ -19,7 +19,7 @@ from ray import tune
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 
 from runner.errors import ConfigError, did_you_mean
-from runner.settings.schema import Distribution, RunnerConfig
+from runner.settings.schema import Distribution, RunnerConfig, Scheduler, SearchConfig
 
 KINDS = tuple(f.name for f in fields(Distribution))
 # Each trial's resources are reserved before its values are sampled.
@@ -35,10 +35,10 @@ RESOURCE_KEYS = (
 NOT_SEARCHABLE = ("task", "search", "logger", "resume", "dry_run", "ray", "hardware")
 
 
-def kind(key: str, dist: Distribution) -> tuple[str, list[Any]]:
+def kind(key: str, dist: Distribution, section: str = "search.space") -> tuple[str, list[Any]]:
     """(distribution name, its arguments), checked: one line for a bad one."""
     given = [(name, getattr(dist, name)) for name in KINDS if getattr(dist, name) is not None]
-    where = f"search.space.'{key}'"
+    where = f"{section}.'{key}'"
     if len(given) != 1:
         names = ", ".join(name for name, _ in given) or "none"
         raise ConfigError(f"{where}: give exactly one of {', '.join(KINDS)} (got {names})")
@@ -92,12 +92,53 @@ def _check_key(cfg: DictConfig, key: str) -> None:
         )
 
 
-def check(space: dict[str, Distribution], settings: RunnerConfig) -> None:
+def check(
+    space: dict[str, Distribution], settings: RunnerConfig, section: str = "search.space"
+) -> None:
     """Every key exists (or may, in a builder section) and every distribution is whole."""
     cfg = OmegaConf.structured(settings)
     for key, dist in space.items():
-        kind(key, dist)
+        kind(key, dist, section)
         _check_key(cfg, key)
+
+
+def searched(config: SearchConfig) -> dict[str, Distribution]:
+    """What a trial's values are sampled from: the space, and under PBT or PB2 the mutated
+    keys it leaves out (their mutation's distribution)."""
+    if config.scheduler == Scheduler.asha:
+        return dict(config.space)
+    return {**config.mutations, **config.space}
+
+
+def check_population(config: SearchConfig, settings: RunnerConfig) -> None:
+    """search.scheduler=pbt|pb2's own settings: mutations to make, keys a trial can take,
+    PB2's bounds, an interval and fractions in range. ASHA takes no mutations."""
+    where = f"search.scheduler={config.scheduler.value}"
+    if config.scheduler == Scheduler.asha:
+        if config.mutations:
+            raise ConfigError(
+                "search.mutations change values during a trial, which only population-based "
+                "training does: set search.scheduler=pbt (or pb2), or drop search.mutations"
+            )
+        return
+    if not config.mutations:
+        raise ConfigError(f"{where} needs search.mutations: the keys it changes during a trial")
+    check(config.mutations, settings, "search.mutations")
+    for key, dist in config.mutations.items():
+        name, _ = kind(key, dist, "search.mutations")
+        if config.scheduler == Scheduler.pb2 and name not in ("uniform", "loguniform"):
+            raise ConfigError(
+                f"search.mutations.'{key}': PB2 picks values within [low, high]: give it "
+                f"uniform or loguniform, not {name} (or use search.scheduler=pbt)"
+            )
+    if config.perturbation_interval < 1:
+        raise ConfigError(f"search.perturbation_interval={config.perturbation_interval}: "
+                          "give at least 1 (iterations between perturbations)")  # fmt: skip
+    for name in ("quantile_fraction", "resample_probability"):
+        value = getattr(config, name)
+        if not 0 <= value <= (0.5 if name == "quantile_fraction" else 1):
+            top = "0.5" if name == "quantile_fraction" else "1"
+            raise ConfigError(f"search.{name}={value} is out of range: give 0 to {top}")
 
 
 def with_values(settings: RunnerConfig, values: dict[str, Any]) -> RunnerConfig:

@@ -3,9 +3,13 @@
 Each trial is a training run of the composed config with its sampled values: the same
 AlgorithmConfig build (compile included), the same stop criteria (`stop.*`), the same
 iteration figures, run inside a Tune actor with RLlib's own resource request. Optuna's
-TPE (or Tune's random search) picks the values; ASHA stops weak trials early, comparing
-them at the same env steps (or iterations). The objective is the episode return mean,
-the last known one (SAC and DQN iterations often end no episode), higher is better.
+TPE (or Tune's random search) picks the values, its study kept in an RDB (`task.storage`,
+SQLite in the run dir where the search began) that a resumed search continues and
+optuna-dashboard opens; ASHA stops weak trials early, comparing them at the same env
+steps (or iterations). `search.scheduler=pbt|pb2` trains a population instead (Tune's
+PBT or PB2 over a random start: Tune's searchers cannot drive it). The objective is the
+episode return mean, the last known one (SAC and DQN iterations often end no episode),
+higher is better.
 
 Tune's experiment lives in <run dir>/tune/; the results (trials.csv, best experiment
 file, plots, summary.json) come from it (runner/results/trials.py), so an interrupted
@@ -19,19 +23,19 @@ import os
 import shutil
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from omegaconf import OmegaConf
 
 from runner.console import console
-from runner.errors import ConfigError, RunnerError
+from runner.errors import ConfigError, RunnerError, one_line
 from runner.job.callbacks import Callback, Decision, Iteration
 from runner.job.task import Task, TaskRun, own_settings
 from runner.machine.shutdown import HANDLED, Interrupted, in_main_thread, install_default
 from runner.results.files import CONFIG
-from runner.settings.schema import RunnerConfig, TaskSettings
+from runner.settings.schema import RunnerConfig, Scheduler, TaskSettings
 
 if TYPE_CHECKING:  # light at import: the task's heavy modules load when it runs
     from ray import tune
@@ -44,6 +48,7 @@ if TYPE_CHECKING:  # light at import: the task's heavy modules load when it runs
 
 METRIC, MODE = "objective", "max"  # Training.objective (runner/job/loop.py)
 SEARCHERS = ("optuna", "random")
+STUDY_FILE = "optuna.db"  # the Optuna study's SQLite file in the run dir (task.storage)
 
 
 @dataclass
@@ -55,6 +60,8 @@ class TuneSettings(TaskSettings):
     grace_fraction: float = 0.25
     reduction_factor: int = 2
     baseline_first: bool = True
+    storage: str | None = None  # Optuna's RDB URL; null: sqlite:///<run dir>/optuna.db
+    study_name: str | None = None  # null: the run dir where the search began
 
 
 def budget(settings: RunnerConfig) -> tuple[str, int]:
@@ -74,7 +81,8 @@ def check(settings: RunnerConfig, spec: CompileSpec | None) -> list[str]:
     from runner.settings import search
 
     task = own_settings(settings, TuneSettings)
-    if not settings.search.space:
+    search.check_population(settings.search, settings)
+    if not search.searched(settings.search):
         raise ConfigError(
             "task=tune needs a search space: choose one with search=ppo_cartpole (conf/search/) "
             "or set search.space"
@@ -91,9 +99,11 @@ def check(settings: RunnerConfig, spec: CompileSpec | None) -> list[str]:
             f"task.grace_fraction={task.grace_fraction} (in (0, 1]) and task.reduction_factor="
             f"{task.reduction_factor} (at least 2) are out of range"
         )
+    if task.storage is not None:
+        _check_storage_url(task.storage)
     budget(settings)
     search.check(settings.search.space, settings)
-    for values in search.sample_each(settings.search.space):
+    for values in search.sample_each(search.searched(settings.search)):
         build_algorithm_config(search.with_values(settings, values), spec)
     return []
 
@@ -222,19 +232,116 @@ def _report(report: dict[str, Any], checkpoint: Path | None) -> None:
         tune.report(report, checkpoint=tune.Checkpoint.from_directory(str(checkpoint)))
 
 
+def population(settings: RunnerConfig) -> bool:
+    """Whether the search trains a population (PBT, PB2), not trials of fixed values."""
+    return settings.search.scheduler != Scheduler.asha
+
+
+def study(run: TaskRun) -> dict[str, str] | None:
+    """The Optuna study of an Optuna search: its storage's URL (task.storage, else SQLite in
+    the run dir where the search began, which a resumed search continues) and its name."""
+    task = own_settings(run.settings, TuneSettings)
+    if task.searcher != "optuna" or population(run.settings):
+        return None
+    began = began_in(run).resolve()
+    return {
+        "storage": task.storage or f"sqlite:///{began / STUDY_FILE}",
+        "name": task.study_name or str(began),
+    }
+
+
+def _check_storage_url(url: str) -> None:
+    """task.storage parses as a database URL whose driver is installed (connecting to it
+    waits for the search's start, `_storage`)."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        make_url(url).get_dialect()
+    except Exception as ex:  # SQLAlchemy's ArgumentError, NoSuchModuleError, ImportError
+        raise ConfigError(
+            f"task.storage={url}: {one_line(ex)}; give an RDB URL Optuna opens, such as "
+            "sqlite:////abs/path/optuna.db or postgresql://user@host/db"
+        ) from None
+
+
+def _storage(url: str) -> Any:
+    """Optuna's RDB storage at `url`, reached before the search starts: one line if not."""
+    import optuna
+
+    try:
+        return optuna.storages.RDBStorage(url)
+    except Exception as ex:  # SQLAlchemy's and the drivers' errors have no common base
+        raise ConfigError(
+            f"task.storage={url}: {one_line(ex)}; give an RDB URL Optuna opens, such as "
+            "sqlite:////abs/path/optuna.db or postgresql://user@host/db"
+        ) from None
+
+
 def _searcher(run: TaskRun, preset: dict[str, Any] | None) -> Any:
     from ray.tune.search import BasicVariantGenerator
 
-    task = own_settings(run.settings, TuneSettings)
     first = [preset] if preset else None
-    if task.searcher == "random":
+    kept = study(run)
+    if kept is None:
         return BasicVariantGenerator(points_to_evaluate=first, random_state=run.settings.seed)
     import optuna  # here: its import costs every other job a quarter second
     from ray.tune.search.optuna import OptunaSearch
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     sampler = optuna.samplers.TPESampler(seed=run.settings.seed)
-    return OptunaSearch(points_to_evaluate=first, sampler=sampler)
+    storage = _storage(kept["storage"])
+    console.print(f"the study {kept['name']!r}: optuna-dashboard {kept['storage']}")
+    return OptunaSearch(
+        points_to_evaluate=first, sampler=sampler, study_name=kept["name"], storage=storage
+    )
+
+
+def _scheduler(settings: RunnerConfig) -> Any:
+    """ASHA at the budget's clock, or PBT / PB2 every search.perturbation_interval
+    iterations (trials checkpoint at least that often: `for_population`)."""
+    from ray.tune.schedulers import ASHAScheduler, PopulationBasedTraining
+    from ray.tune.schedulers.pb2 import PB2
+
+    from runner.settings import search
+
+    config = settings.search
+    if config.scheduler == Scheduler.asha:
+        task = own_settings(settings, TuneSettings)
+        clock, max_t = budget(settings)
+        return ASHAScheduler(
+            time_attr=clock,
+            max_t=max_t,
+            grace_period=max(1, int(max_t * task.grace_fraction)),
+            reduction_factor=task.reduction_factor,
+        )
+    if config.scheduler == Scheduler.pb2:
+        bounds: dict[str, dict | list | tuple] = {
+            key: list(search.kind(key, d)[1]) for key, d in config.mutations.items()
+        }
+        return PB2(
+            time_attr="training_iteration",
+            perturbation_interval=config.perturbation_interval,
+            quantile_fraction=config.quantile_fraction,
+            hyperparam_bounds=bounds,
+        )
+    return PopulationBasedTraining(
+        time_attr="training_iteration",
+        perturbation_interval=config.perturbation_interval,
+        quantile_fraction=config.quantile_fraction,
+        hyperparam_mutations=search.to_tune(config.mutations),
+        resample_probability=config.resample_probability,
+    )
+
+
+def for_population(settings: RunnerConfig) -> RunnerConfig:
+    """A population's trials checkpoint at least every perturbation, whose exploit step
+    continues a trailing trial from a leading trial's newest checkpoint."""
+    if not population(settings):
+        return settings
+    interval = settings.search.perturbation_interval
+    every = settings.checkpoint.every
+    checkpoint = replace(settings.checkpoint, every=min(every or interval, interval))
+    return replace(settings, checkpoint=checkpoint)
 
 
 def began_in(run: TaskRun) -> Path:
@@ -286,12 +393,11 @@ def make_tuner(run: TaskRun, experiment: str | None) -> tune.Tuner:
     """A new search, or the interrupted one restored from a copy of its Tune experiment
     (the earlier run dir stays as it was)."""
     from ray import tune
-    from ray.tune.schedulers import ASHAScheduler
 
     from runner.job.resume import SEARCH_DIR
     from runner.settings import search
 
-    settings, tune_dir = run.settings, run.files / SEARCH_DIR
+    settings, tune_dir = for_population(run.settings), run.files / SEARCH_DIR
     # RLlib types algo_class as a plain type; the config's is an Algorithm's, whose new API
     # stack asks for bundles.
     request = cast("type[Algorithm]", run.config.algo_class).default_resource_request(run.config)
@@ -307,29 +413,24 @@ def make_tuner(run: TaskRun, experiment: str | None) -> tune.Tuner:
     task = own_settings(settings, TuneSettings)
     preset = None
     if task.baseline_first:
-        preset, why = search.preset_values(settings.search.space, settings, run.config)
+        preset, why = search.preset_values(search.searched(settings.search), settings, run.config)
         if preset is None:
             console.print(f"no preset trial: {why}")
-    clock, max_t = budget(settings)
-    scheduler = ASHAScheduler(
-        time_attr=clock,
-        max_t=max_t,
-        grace_period=max(1, int(max_t * task.grace_fraction)),
-        reduction_factor=task.reduction_factor,
-    )
     return tune.Tuner(
         trainable,
-        param_space=search.to_tune(settings.search.space),
+        param_space=search.to_tune(search.searched(settings.search)),
         tune_config=tune.TuneConfig(
             metric=METRIC,
             mode=MODE,
             num_samples=task.num_samples,
             max_concurrent_trials=task.max_concurrent,
             search_alg=_searcher(run, preset),
-            scheduler=scheduler,
+            scheduler=_scheduler(settings),
             # A finished (or stopped) trial's actor runs the next one, as every trial asks
             # for the same resources: RLlib and torch import once per concurrent trial.
-            reuse_actors=True,
+            # (A population's trial that exploits another restarts in an actor of its own:
+            # a reused one ran it from the wrong checkpoint and lost iterations.)
+            reuse_actors=not population(settings),
             trial_name_creator=lambda t: f"trial_{t.trial_id}",
             trial_dirname_creator=lambda t: f"trial_{t.trial_id}",
         ),
@@ -337,7 +438,12 @@ def make_tuner(run: TaskRun, experiment: str | None) -> tune.Tuner:
             storage_path=str(run.files.resolve()),
             name=SEARCH_DIR,
             callbacks=_callbacks(run, experiment),
-            checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+            # A population's trailing trial restores a leading trial's checkpoint after
+            # that trial went on, and Tune's pruning of a trial's checkpoints fails after
+            # such a restore: a population's trials keep theirs.
+            checkpoint_config=tune.CheckpointConfig(
+                num_to_keep=None if population(settings) else 1
+            ),
             failure_config=tune.FailureConfig(max_failures=0),
             verbose=1,
         ),
@@ -387,10 +493,13 @@ def run(run: TaskRun) -> None:
         _, experiment_id = tracking.mlflow_experiment(uri, experiment)
         tracking.end_running(uri, experiment_id)
     rows = trials.read(run_dir / SEARCH_DIR, METRIC)
+    space = search.searched(settings.search)
     preset = None
     if task.baseline_first:
-        preset, _ = search.preset_values(settings.search.space, settings, run.config)
-    summary = trials.write(run_dir, rows, settings.search.space, METRIC, preset)
+        preset, _ = search.preset_values(space, settings, run.config)
+    summary = trials.write(run_dir, rows, space, METRIC, preset, fixed=not population(settings))
+    summary["scheduler"] = settings.search.scheduler.value
+    summary["study"] = study(run)
     best = summary["best"]
     if best:
         assert run.compose is not None  # app.started passes the entry point's on
