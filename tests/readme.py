@@ -29,7 +29,7 @@ SETUP = {
     "main": "python -m runner",
     "test": "python -m pytest -q",
     "ipex": 'python -m pytest -q -m "ipex or box"',
-    "slurm": "python -m pytest -q -m slurm -n 0",
+    "cluster": "python -m pytest -q -m cluster -n 0",
 }
 HEADING = re.compile(r"^#{1,2} (.+)$")
 GENERATED = re.compile(r"^<!-- [\w-]+:(begin|end) -->$")

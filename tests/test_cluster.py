@@ -12,6 +12,8 @@ import pytest
 from conftest import run_cli
 from ray.cluster_utils import Cluster
 
+pytestmark = pytest.mark.cluster  # CI's cluster lane, one test at a time
+
 # One env per EnvRunner here: three EnvRunners on a 1-CPU head and a 2-CPU worker.
 ONE_ITERATION = [
     "debug=tiny",

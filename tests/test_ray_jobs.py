@@ -20,6 +20,8 @@ import shared_ray
 from readme import commands
 from test_readme import WAYS
 
+pytestmark = pytest.mark.cluster  # CI's cluster lane, one test at a time
+
 ROOT = Path(__file__).resolve().parent.parent
 SECTION = "Ray Jobs"
 

@@ -71,7 +71,7 @@ WAYS: dict[str, Way] = {
     "-e '.[test,ipex]' && python -m pytest -q -m \"ipex or box\"": SET_UP,
     "python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 uv && uv pip "
     "install --compile-bytecode -e '.[test]' && bash scripts/slurm_local.sh start && "
-    "python -m pytest -q -m slurm -n 0": SET_UP,
+    "python -m pytest -q -m cluster -n 0": SET_UP,
     # Quick start and Config groups
     "python -m runner --help": Way(expect="tuned presets"),  # runner/settings/help.py's page
     "python -m runner --cfg job": Way(expect="num_env_runners:"),
@@ -352,7 +352,7 @@ WAYS: dict[str, Way] = {
         ),  # fmt: skip
         expect="search: 2 trials (2 finished)",
     ),
-    # docs/cluster.md, SLURM (run by tests/test_slurm.py, CI's SLURM lane, on the local
+    # docs/cluster.md, SLURM (run by tests/test_slurm.py, CI's cluster lane, on the local
     # SLURM the script starts: one node of 2 CPUs, so the two-node job runs as two tasks of
     # one node, each its Ray node; `stop` is followed by a `start` for the lane's next test).
     "bash scripts/slurm_local.sh start": Way(expect="SLURM is up: local* 1 node", in_repo=True),
@@ -580,7 +580,7 @@ def test_python_api_example_runs(tmp_path: Path):
 def test_ci_runs_the_readme_set_up_commands():
     """.ci/run takes its commands from this README, so they cannot drift apart."""
     ci = (ROOT / ".ci" / "run").read_text()
-    for name in ("test", "ipex", "slurm"):
+    for name in ("test", "ipex", "cluster"):
         assert f"python3 tests/readme.py setup {name}" in ci
         assert setup(name).endswith(SETUP[name])
     # The main command installs what the test command installs, without the test extra.
@@ -712,12 +712,13 @@ def workdir(tmp_path: Path) -> Path:
     return as_user_dir(tmp_path)
 
 
-# docs/cluster.md's `ray stop` stops every Ray on the machine: no other test runs beside it.
+# docs/cluster.md's `ray stop` stops every Ray on the machine: no other test runs beside it
+# (it runs in CI's cluster lane, with the other tests of Ray clusters, one at a time).
 ALONE = {("docs/cluster.md", "On a Ray cluster")}
 
 
 def _param(block: tuple[str, str, int]) -> object:
-    marks = [pytest.mark.alone] if block[:2] in ALONE else []
+    marks = [pytest.mark.alone, pytest.mark.cluster] if block[:2] in ALONE else []
     return pytest.param(block, marks=marks, id=_block_id(block))
 
 

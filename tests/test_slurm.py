@@ -1,11 +1,11 @@
 """SLURM, for real: docs/cluster.md's "SLURM" commands on the one-node SLURM that
 scripts/slurm_local.sh starts on this machine (Debian's slurm-wlm and munge; needs root),
-CI's SLURM lane (`python -m pytest -m slurm`). Sweeps go through hydra-submitit-launcher
+CI's cluster lane (`python -m pytest -m cluster`). Sweeps go through hydra-submitit-launcher
 as job arrays; jobs are requeued with `scancel --signal=USR2` (the warning before a time
 limit) and `scontrol requeue` (SLURM's own requeue: SIGTERM to every process of the job).
 Nothing is simulated: SLURM runs each job's `python -m submitit.core._submit`, which runs
 the runner's Hydra job. What a job reads of SLURM's environment is tested without SLURM
-too (CI's main lane): the environment set as SLURM sets it, the lowest layer."""
+too (the main lane): the environment set as SLURM sets it, the lowest layer."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def _section() -> list[str]:
     return [c.text for c in commands() if c.page == "docs/cluster.md" and c.section == SECTION]
 
 
-@pytest.mark.slurm
+@pytest.mark.cluster
 def test_the_section_runs_on_a_local_slurm(slurm, tmp_path):
     """The page's block as a user runs it: start, a 2-job sweep through SLURM, a job of
     two tasks on one Ray, stop, then start again. Each job's Ray has the CPU SLURM
@@ -82,7 +82,7 @@ def test_the_section_runs_on_a_local_slurm(slurm, tmp_path):
     _sh("bash", str(SCRIPT), "start")  # the block ended with `stop`: the next test needs it
 
 
-@pytest.mark.slurm
+@pytest.mark.cluster
 def test_the_launcher_takes_account_and_qos_from_the_command_line(slurm, tmp_path):
     """The preset composes (Hydra #2697 does not arise) with sbatch's settings given on the
     command line, and the batch script of a real submission carries them."""
@@ -152,7 +152,7 @@ def _release_when_requeued(job: str, timeout: float = 120) -> None:
     raise AssertionError(f"job {job} was not requeued in {timeout} s")
 
 
-@pytest.mark.slurm
+@pytest.mark.cluster
 def test_requeued_jobs_continue_from_their_checkpoints(slurm, tmp_path):
     """Job 0 gets USR2, SLURM's warning before a time limit: it finishes its iteration,
     checkpoints, and submitit requeues it. Job 1 is requeued by SLURM (`scontrol requeue`:
@@ -210,11 +210,13 @@ def test_the_script_refuses_a_slurm_config_it_did_not_write(tmp_path):
     assert conf.read_text() == "ClusterName=theirs\n"
 
 
-@pytest.mark.slurm
+@pytest.mark.cluster
 def test_every_command_of_the_section_has_its_way():
     assert _section() and all(text in WAYS for text in _section())
     assert sys.platform == "linux"  # the script and the lane are Linux's (Debian's packages)
-    assert os.geteuid() == 0, "the SLURM lane runs as root (the script installs and starts daemons)"
+    assert os.geteuid() == 0, (
+        "the cluster lane runs as root (the SLURM script installs and starts daemons)"
+    )
 
 
 ARRAY_TASK = {

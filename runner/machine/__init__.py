@@ -106,7 +106,9 @@ def cluster_resources(address: str) -> Resources:
         gpus=float(total.get("GPU", 0)),
         gpu_names=names,
         cpu_model=cpu_model(),
-        nodes=sum(1 for node in ray.nodes() if node["Alive"]),
+        # Each node offers one `node:<its ip>` (nodes on one host, as a SLURM job's tasks
+        # may be, add to one key).
+        nodes=int(sum(v for k, v in total.items() if k.startswith("node:") and "__" not in k)),
         slurm=slurm.describe(),
         **driver_cuda(),
     )

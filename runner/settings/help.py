@@ -30,8 +30,17 @@ GROUPS = (
 # Internal groups: the schema (Hydra's ConfigStore), a compile preset's backend file, the
 # parts scale=local and debug=tiny add by themselves, and the tuned hyperparameters the
 # algo and env options pick. Only a group's own *.yaml files are its options, so the
-# folders below a group are never listed; a top-level one named here is skipped too.
-HIDDEN = ("schema", "compile/backend", "scale/task", "scale/experiment", "debug/algo", "tuned")
+# folders below a group are never listed; a top-level one named here is skipped too, as
+# is `hydra`, Hydra's own groups (hydra/launcher=slurm: docs/cluster.md).
+HIDDEN = (
+    "schema",
+    "compile/backend",
+    "scale/task",
+    "scale/experiment",
+    "debug/algo",
+    "tuned",
+    "hydra",
+)
 TUNED = "tuned_"
 # The README's first screen, one command each (tests/test_help.py checks they match).
 START = (
