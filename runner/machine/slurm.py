@@ -116,6 +116,9 @@ def requeue(signum: int) -> None:
     requeue or a preemption, scancel) leave the requeue, if any, to SLURM."""
     if _requeue is not None and signum == PREEMPT:
         print(f"{PREEMPT.name}: the run is saved; asking SLURM to requeue the job", flush=True)
+        # SLURM's SIGTERM as it requeues the job is expected now, not a second signal to
+        # abort on (runner/machine/shutdown.py): the job ends here either way.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         _requeue(signum, None)
 
 

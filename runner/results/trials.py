@@ -9,6 +9,7 @@ two plots show the objective against each searched key and the best so far.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,15 @@ def _error(trial: Any) -> str:
     return lines[-1].strip()[:300] if lines else ""
 
 
+def _number(tag: str) -> int:
+    """A trial's number from Tune's tag for it: "3_algo...", or "3@perturbed[...]" once
+    PBT changed its values."""
+    found = re.match(r"\d+", tag)
+    if found is None:
+        raise ValueError(f"Ray Tune's trial tag {tag!r} starts with no trial number")
+    return int(found.group())
+
+
 def read(tune_dir: Path, metric: str) -> list[dict[str, Any]]:
     """Every trial Tune created, in the order it created them."""
     from ray.tune import ExperimentAnalysis
@@ -56,7 +66,7 @@ def read(tune_dir: Path, metric: str) -> list[dict[str, Any]]:
         status = _status(t.status, last)
         rows.append(
             {
-                "trial": int(str(t.experiment_tag).split("_", 1)[0]),
+                "trial": _number(str(t.experiment_tag)),
                 "trial_id": t.trial_id,
                 "status": status,
                 **{key: json_safe(value) for key, value in t.config.items()},
