@@ -107,6 +107,9 @@ LEFT_OUT = {
     "sqlalchemy": "logger=mlflow's SQLite store only",
     "alembic": "logger=mlflow's SQLite store only",
     "huggingface-hub": "task=push and hf:// only (imported in runner/results/hub.py's functions)",
+    "hydra-submitit-launcher": "a Hydra plugin, loaded only for hydra/launcher=slurm",
+    "submitit": "hydra/launcher=slurm only (the launcher's library)",
+    "scikit-learn": "search.scheduler=pb2 and a search's importances only (PB2, fANOVA)",
 }
 RAY = "ray"
 RAY_DROPPED = "ray/jars/"

@@ -94,8 +94,8 @@ def _dispatch_order(item: pytest.Item) -> tuple[bool, bool, bool]:
 
 # Tests of another environment, CI's second and third lanes: `ipex` needs the ipex extra
 # (torch 2.8), `box` makes a Python 3.12 venv like the GPU machine (about 5 GB, kept
-# between runs), `cluster` Ray clusters of several nodes and a local SLURM
-# (scripts/slurm_local.sh, as root), one test at a time.
+# between runs), `cluster` what docs/cluster.md describes (Ray clusters of several nodes,
+# Ray Jobs, a local SLURM started as root, object storage), one test at a time.
 SECOND_LANE = ("ipex", "box", "cluster")
 
 

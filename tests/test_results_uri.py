@@ -32,6 +32,7 @@ from runner.results import checkpoints
 from runner.results.remote import Mirror, Pulled
 
 SECTION = "Results in object storage"  # docs/cluster.md
+pytestmark = pytest.mark.cluster  # CI's cluster lane (docs/cluster.md's tests), one at a time
 BUCKET, PREFIX = "my-bucket", "rllib"
 URI = f"s3://{BUCKET}/{PREFIX}"
 TINY_LOCAL = ("debug=tiny", "scaling.num_env_runners=0")

@@ -260,3 +260,30 @@ def test_a_local_ray_is_sized_to_the_allocation_not_the_node(monkeypatch):
     monkeypatch.delenv("SLURM_PROCID")
     assert slurm_job.local_size(None, None) == (None, None)
     assert machine.local_resources(RayConfig()).where == "this machine"
+
+
+def test_the_launcher_off_slurm_is_one_line(tmp_path):
+    """Where SLURM's commands are not on PATH (no SLURM here), submitting is refused in one
+    line within seconds, nothing submitted."""
+    env = {**cli_env(own_ray=True), "PATH": str(Path(sys.executable).parent)}
+    started = time.monotonic()
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "runner",
+            "-m",
+            "hydra/launcher=slurm",
+            "debug=tiny",
+            f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        ],  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and time.monotonic() - started < 20
+    assert proc.stderr.strip().splitlines() == [
+        'error: Could not detect "srun", are you indeed on a slurm cluster?'
+    ]
+    assert not (tmp_path / "sweep" / ".submitit").exists()
