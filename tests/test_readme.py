@@ -338,7 +338,8 @@ WAYS: dict[str, Way] = {
     ),
     # docs/search.md, Studies and populations (run by tests/test_tune.py after the README's
     # search, whose study the dashboard opens: see serve_dashboard). A population of 2
-    # trials of 6 iterations, perturbed every 3: the trailing one exploits the other.
+    # trials of 6 iterations, perturbed every 3 with both there (synch): the trailing one
+    # exploits the other at iteration 3, where both have a checkpoint.
     "optuna-dashboard sqlite:///outputs/search/optuna.db": Way(expect="listed 4 trials"),
     "python -m runner task=tune search=ppo_cartpole_pbt task.num_samples=4 "
     "task.max_concurrent=2 hydra.run.dir=outputs/pbt": Way(
@@ -347,6 +348,7 @@ WAYS: dict[str, Way] = {
             "stop.env_steps=null",
             "stop.iterations=6",
             "search.perturbation_interval=3",
+            "search.synch=true",
             "search.quantile_fraction=0.5",
             "algo.training.train_batch_size_per_learner=500",
         ),  # fmt: skip

@@ -149,14 +149,14 @@ def test_a_population_trial_continues_with_its_mutated_lr(outputs: Path):
     of the trial's config ends with (ray-project/ray#62173: values dropped after a
     restore)."""
     tune_dir = outputs / "pbt" / "tune"
-    policies = sorted(tune_dir.glob("pbt_policy_*.txt"))
-    assert policies, "no trial exploited another"
-    exploits = [json.loads(line) for line in policies[0].read_text().splitlines()]
+    # Each exploit, in order: [trailing trial, leading trial, their iterations, the leading
+    # trial's values, the values the trailing one continues with].
+    exploits = [json.loads(line) for line in (tune_dir / "pbt_global.txt").read_text().splitlines()]
+    assert exploits, "no trial exploited another"
     trailing, _, _, donor_iteration, before, after = exploits[0]
     assert after["algo.training.lr"] != before["algo.training.lr"]
-    (trial,) = [
-        t for t in tune_dir.glob("trial_*") if t.name.endswith(f"_{int(trailing.split('_')[0]):05}")
-    ]
+    number = int(trailing.split("_")[0])
+    (trial,) = [t for t in tune_dir.glob("trial_*") if t.name.endswith(f"_{number:05}")]
     rows = [json.loads(line) for line in (trial / "metrics.jsonl").read_text().splitlines()]
     lr = [r["metrics"]["learners/default_policy/default_optimizer_learning_rate"] for r in rows]
     mutated = next(
@@ -168,7 +168,8 @@ def test_a_population_trial_continues_with_its_mutated_lr(outputs: Path):
     restored_at = rows[mutated]["iteration"] - 1
     assert restored_at % 3 == 0 and 0 < restored_at <= donor_iteration
     final = json.loads((trial / "result.json").read_text().splitlines()[-1])["config"]
-    assert final["algo.training.lr"] == pytest.approx(exploits[-1][5]["algo.training.lr"])
+    (last, *_) = [e[5] for e in reversed(exploits) if e[0] == trailing]
+    assert final["algo.training.lr"] == pytest.approx(last["algo.training.lr"])
     assert lr[-1] == pytest.approx(final["algo.training.lr"])
     summary = json.loads((outputs / "pbt" / "summary.json").read_text())
     assert summary["scheduler"] == "pbt" and summary["study"] is None
@@ -522,6 +523,10 @@ BAD = {
         ],
         "search.mutations.'algo.training.gamma': PB2 picks values within [low, high]: give "
         "it uniform or loguniform, not choice",
+    ),
+    "a synchronous population larger than what runs at once": (
+        ["task=tune", "search=ppo_cartpole_pbt", "search.synch=true", "task.num_samples=4"],
+        "only task.max_concurrent=2 of task.num_samples=4 run at once",
     ),
     "an unknown scheduler": (
         ["task=tune", "search=ppo_cartpole", "search.scheduler=hyperband"],

@@ -492,7 +492,9 @@ class SearchConfig:
     its values, the `mutations` keys changed (PBT: perturbed by 0.8 or 1.2, a list's
     neighbour, or resampled with `resample_probability`; PB2: picked within their
     [low, high], so uniform or loguniform only). A mutated key not in `space` starts
-    sampled from its mutation's distribution."""
+    sampled from its mutation's distribution. `synch`: each perturbation waits for every
+    trial to reach it (all of them running at once), so the trailing ones always exploit a
+    leader's checkpoint of that moment; else a trial is compared as it arrives."""
 
     space: dict[str, Distribution] = field(default_factory=dict)
     scheduler: Scheduler = Scheduler.asha
@@ -500,6 +502,7 @@ class SearchConfig:
     perturbation_interval: int = 4
     quantile_fraction: float = 0.25
     resample_probability: float = 0.25
+    synch: bool = False
 
 
 @dataclass

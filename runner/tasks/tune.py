@@ -101,6 +101,12 @@ def check(settings: RunnerConfig, spec: CompileSpec | None) -> list[str]:
         )
     if task.storage is not None:
         _check_storage_url(task.storage)
+    if settings.search.synch and task.max_concurrent < task.num_samples:
+        raise ConfigError(
+            f"search.synch waits for every trial at each perturbation, and only "
+            f"task.max_concurrent={task.max_concurrent} of task.num_samples={task.num_samples} "
+            "run at once: raise max_concurrent to num_samples, or drop search.synch"
+        )
     budget(settings)
     search.check(settings.search.space, settings)
     for values in search.sample_each(search.searched(settings.search)):
@@ -323,11 +329,13 @@ def _scheduler(settings: RunnerConfig) -> Any:
             perturbation_interval=config.perturbation_interval,
             quantile_fraction=config.quantile_fraction,
             hyperparam_bounds=bounds,
+            synch=config.synch,
         )
     return PopulationBasedTraining(
         time_attr="training_iteration",
         perturbation_interval=config.perturbation_interval,
         quantile_fraction=config.quantile_fraction,
+        synch=config.synch,
         hyperparam_mutations=search.to_tune(config.mutations),
         resample_probability=config.resample_probability,
     )
