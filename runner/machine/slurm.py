@@ -258,6 +258,11 @@ def run_job(run_dir: Path, job: Callable[[], None]) -> None:
     granted = allocation()
     if granted is not None:
         _threads(granted)
+        print(
+            f"slurm: {granted.describe()}; its Ray and torch threads "
+            f"(OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}) sized to it",
+            flush=True,
+        )
     if granted is None or granted.tasks == 1:
         job()
         return

@@ -397,6 +397,18 @@ def _callbacks(run: TaskRun, experiment: str | None) -> list[Any]:
     return callbacks
 
 
+def _say_population(settings: RunnerConfig) -> None:
+    """What a population's search does that its settings did not spell out."""
+    if population(settings):
+        interval = settings.search.perturbation_interval
+        console.print(
+            f"population ({settings.search.scheduler.value}): perturbed every {interval} "
+            f"iterations, from a random start; each trial checkpoints every "
+            f"{settings.checkpoint.every} iterations and keeps every checkpoint, and restarts "
+            "in an actor of its own"
+        )
+
+
 def make_tuner(run: TaskRun, experiment: str | None) -> tune.Tuner:
     """A new search, or the interrupted one restored from a copy of its Tune experiment
     (the earlier run dir stays as it was)."""
@@ -419,6 +431,7 @@ def make_tuner(run: TaskRun, experiment: str | None) -> tune.Tuner:
             str(tune_dir.resolve()), trainable, resume_unfinished=True, resume_errored=True
         )
     task = own_settings(settings, TuneSettings)
+    _say_population(settings)
     preset = None
     if task.baseline_first:
         preset, why = search.preset_values(search.searched(settings.search), settings, run.config)
