@@ -21,8 +21,13 @@ die() { echo "slurm_local.sh: $*" >&2; exit 2; }
 install() {
     command -v slurmctld >/dev/null && command -v munged >/dev/null && return
     command -v apt-get >/dev/null || die "needs Debian's slurm-wlm and munge (apt-get not found)"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null \
-        || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null; }
+    # apt's and debconf's chatter to a log (their stderr, too): it is shown only on failure.
+    local log
+    log=$(mktemp)
+    { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge \
+        || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge; }
+    } >"$log" 2>&1 || die "installing slurm-wlm and munge failed: $(tail -n 1 "$log") (all of it in $log)"
+    rm -f "$log"
 }
 
 write_conf() {

@@ -278,6 +278,9 @@ class Running:
                 env=env,
                 stdout=out,
                 stderr=subprocess.STDOUT if merged else err,
+                # The leader of a process group, as a shell makes a command it starts: a
+                # test may signal the whole group, as `timeout` and Ctrl-C do.
+                preexec_fn=os.setpgrp,
             )
         self.pid = self.proc.pid
         self.started = time.perf_counter()

@@ -67,6 +67,11 @@ class Cli:
                 return
         raise AssertionError(f"'{text}' never came:\n{self.output}")
 
+    def signal_group(self, signum: int) -> None:
+        """To every process of its group (it leads one), as `timeout`, `kill -- -<pgid>`
+        and a terminal's Ctrl-C send it."""
+        os.killpg(self.pid, signum)
+
     def signal(self, signum: int, times: int = 1) -> None:
         for _ in range(times):
             os.kill(self.pid, signum)
@@ -224,6 +229,39 @@ def test_sigterm_keeps_the_last_iteration_and_resume_continues(tmp_path: Path, c
         "refused in one line naming the file and the newest good checkpoint",
         since="the command's start",
     )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_signal_to_the_process_group_leaves_the_run_whole(signum: int, tmp_path: Path):
+    """The signal reaches every process of the CLI's group: its local Ray's processes
+    (GCS, raylet) are in a group of their own (runner/machine/ray_session.py), so the
+    driver finishes the iteration in flight, checkpoints on a Ray still up, writes its
+    record and curve, and exits 128 + n within the grace (20 s) and 10 s more."""
+    cli = Cli(
+        tmp_path,
+        "debug=tiny",
+        "scaling.num_env_runners=1",
+        "stop.iterations=50",
+        "hydra.run.dir=run",
+    )
+    cli.until("iter    2", lambda: cli.signal_group(signum))
+    code, seconds = cli.wait()
+    name = signal.Signals(signum).name
+    assert code == 128 + signum, cli.output
+    assert seconds < 30, cli.output
+    assert "Failed to connect to GCS" not in cli.output
+    assert cli.left_behind() == []
+    run = tmp_path / "run"
+    summary = _summary(run)
+    assert (summary["status"], summary["signal"]) == ("interrupted", name)
+    last = summary["iterations"]
+    assert last >= 2
+    final = checkpoints.checkpoint_dir(run, last)
+    assert summary["checkpoint"] == str(final) and checkpoints.problem(final) is None
+    assert (run / "learning_curve.png").stat().st_size > 1000
+    kept = f"summary.json, the curve, checkpoint iter_{last}, no Ray process left"
+    record(f"{name} to the process group (one remote EnvRunner)", code, seconds, kept)
 
 
 @pytest.mark.slow

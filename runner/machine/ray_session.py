@@ -8,9 +8,11 @@ import logging
 import os
 import signal
 import socket
+import subprocess
 import sys
 import threading
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -137,13 +139,57 @@ def start_ray(ray_cfg: RayConfig, compile_cache_dir: str | None = None) -> None:
     main = threading.current_thread() is threading.main_thread()  # where handlers are set
     handlers = {s: signal.getsignal(s) for s in (*SIGNALS, slurm.PREEMPT)} if main else {}
     try:
-        if main:  # Ray's processes inherit it ignored: SLURM signals every process of a job
-            signal.signal(slurm.PREEMPT, signal.SIG_IGN)
-        _init(ray_cfg, compile_cache_dir)
+        if main:  # Ray's processes inherit these ignored (SIGTERM: their own group, below)
+            for signum in IGNORED_BY_RAY:
+                signal.signal(signum, signal.SIG_IGN)
+        with _a_process_group_of_their_own(cluster_address(ray_cfg) is None):
+            _init(ray_cfg, compile_cache_dir)
     finally:
         for signum, handler in handlers.items():
             if handler is not None:  # None: set outside Python, nothing to put back
                 signal.signal(signum, handler)
+
+
+# What a local Ray's processes (the GCS, the raylet, their agents) inherit ignored: SLURM
+# and systemd signal every process of a job, a closed terminal or a Ctrl-C every process of
+# its group. The GCS and the raylet take SIGTERM themselves (a handler of their own, which
+# no inherited SIG_IGN survives): a group signal misses them by their own process group.
+IGNORED_BY_RAY = (signal.SIGINT, signal.SIGHUP, slurm.PREEMPT)
+
+
+@contextlib.contextmanager
+def _a_process_group_of_their_own(local: bool) -> Iterator[None]:
+    """The processes a local ray.init starts, in a process group that is not this one's, so
+    a signal to the job's group (`timeout`, `kill -TERM -<pgid>`, Ctrl-C) reaches the driver
+    alone and its Ray stays up for the checkpoint: the driver joins a new group for the
+    while ray.init spawns them (they inherit it), then goes back. Ray keeps their fate tied
+    to the driver's (they die with it) and `kill_local_ray` still finds them. A session
+    leader cannot change its group (a container's PID 1): there Ray's processes share it,
+    and a group SIGTERM kills them (the run then ends with what it holds:
+    runner/machine/shutdown.py). A group signal sent during those seconds of ray.init
+    reaches neither (one to the driver's PID does)."""
+    home = os.getpgrp()
+    if not local or os.getsid(0) == os.getpid():
+        yield
+        return
+    # A group's id is its first member's pid: a process that sleeps leads the new one.
+    try:
+        leader = subprocess.Popen(["sleep", "600"], stdin=subprocess.DEVNULL, preexec_fn=os.setpgrp)
+    except OSError:  # no sleep(1) on this machine: Ray's processes share the group
+        yield
+        return
+    try:
+        os.setpgid(0, leader.pid)
+        try:
+            yield
+        finally:
+            try:
+                os.setpgid(0, home)
+            except OSError:  # the group ended meanwhile: one of the driver's own, not Ray's
+                os.setpgid(0, 0)
+    finally:
+        leader.kill()
+        leader.wait()
 
 
 def _init(ray_cfg: RayConfig, compile_cache_dir: str | None) -> None:
