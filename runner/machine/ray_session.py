@@ -139,22 +139,14 @@ def start_ray(ray_cfg: RayConfig, compile_cache_dir: str | None = None) -> None:
     main = threading.current_thread() is threading.main_thread()  # where handlers are set
     handlers = {s: signal.getsignal(s) for s in (*SIGNALS, slurm.PREEMPT)} if main else {}
     try:
-        if main:  # Ray's processes inherit these ignored (SIGTERM: their own group, below)
-            for signum in IGNORED_BY_RAY:
-                signal.signal(signum, signal.SIG_IGN)
+        if main:  # Ray's processes inherit it ignored: SLURM signals every process of a job
+            signal.signal(slurm.PREEMPT, signal.SIG_IGN)
         with _a_process_group_of_their_own(cluster_address(ray_cfg) is None):
             _init(ray_cfg, compile_cache_dir)
     finally:
         for signum, handler in handlers.items():
             if handler is not None:  # None: set outside Python, nothing to put back
                 signal.signal(signum, handler)
-
-
-# What a local Ray's processes (the GCS, the raylet, their agents) inherit ignored: SLURM
-# and systemd signal every process of a job, a closed terminal or a Ctrl-C every process of
-# its group. The GCS and the raylet take SIGTERM themselves (a handler of their own, which
-# no inherited SIG_IGN survives): a group signal misses them by their own process group.
-IGNORED_BY_RAY = (signal.SIGINT, signal.SIGHUP, slurm.PREEMPT)
 
 
 @contextlib.contextmanager
@@ -165,9 +157,10 @@ def _a_process_group_of_their_own(local: bool) -> Iterator[None]:
     while ray.init spawns them (they inherit it), then goes back. Ray keeps their fate tied
     to the driver's (they die with it) and `kill_local_ray` still finds them. A session
     leader cannot change its group (a container's PID 1): there Ray's processes share it,
-    and a group SIGTERM kills them (the run then ends with what it holds:
-    runner/machine/shutdown.py). A group signal sent during those seconds of ray.init
-    reaches neither (one to the driver's PID does)."""
+    and a group SIGTERM kills the GCS under the driver (which then waits out Ray's 60 s
+    reconnect and leaves no record: not handled yet). The GCS and the raylet set their own
+    SIGTERM handler, so an inherited SIG_IGN would not keep them. A group signal sent during
+    those seconds of ray.init reaches neither (one to the driver's PID does)."""
     home = os.getpgrp()
     if not local or os.getsid(0) == os.getpid():
         yield
